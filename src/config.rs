@@ -1,0 +1,265 @@
+//! How a tree is opened: where, with how much memory, and with which durability.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Smallest leaf page size accepted (bytes).
+pub const MIN_PAGE_SIZE: usize = 4 << 10;
+/// Largest leaf page size accepted (bytes).
+pub const MAX_PAGE_SIZE: usize = 64 << 10;
+/// Default leaf page size (bytes), the paper's and the SSD's natural unit.
+pub const DEFAULT_PAGE_SIZE: usize = 4 << 10;
+/// Default circular-buffer size (bytes).
+pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+
+/// When a write is durable. See [`Config::durability`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// A write returns after its log record is on stable storage (`fdatasync`); concurrent
+    /// writers share one sync (group commit). Survives power loss.
+    Sync,
+    /// A write returns after its log record reached the operating system; the log is synced
+    /// in the background every few milliseconds. Survives a crash of the process.
+    #[default]
+    Buffered,
+    /// No log. Data is durable after `flush`, `checkpoint` or `close` only; a crash returns
+    /// the tree to the last of those, consistent.
+    None,
+}
+
+/// Which page-store backend a file-backed tree uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IoBackend {
+    /// io_uring on Linux, positional I/O elsewhere.
+    #[default]
+    Auto,
+    /// io_uring (Linux only; opening fails with `InvalidConfig` elsewhere).
+    IoUring,
+    /// Portable `pread`/`pwrite`, with `O_DIRECT` where the OS has it.
+    Pread,
+}
+
+/// Options for [`Tree::open`](crate::Tree::open). Built with chained setters.
+///
+/// ```
+/// use bfkv::{Config, Durability};
+/// let config = Config::new("/tmp/my-db").cache_size(32 << 20).durability(Durability::Sync);
+/// assert_eq!(config.get_cache_size(), 32 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) cache_size: usize,
+    pub(crate) page_size: usize,
+    pub(crate) durability: Durability,
+    pub(crate) io_backend: IoBackend,
+    pub(crate) second_chance_percent: u8,
+    pub(crate) promotion_percent: u8,
+    pub(crate) merge_threshold: usize,
+}
+
+impl Config {
+    /// A tree stored in directory `dir` (created if absent), with default settings.
+    pub fn new(dir: impl AsRef<Path>) -> Self {
+        Config { dir: Some(dir.as_ref().to_path_buf()), ..Self::in_memory() }
+    }
+
+    /// A tree with no files: the cache is the whole store, and writes beyond it fail with
+    /// [`Error::CacheFull`].
+    pub fn in_memory() -> Self {
+        Config {
+            dir: None,
+            cache_size: DEFAULT_CACHE_SIZE,
+            page_size: DEFAULT_PAGE_SIZE,
+            durability: Durability::default(),
+            io_backend: IoBackend::default(),
+            second_chance_percent: 10,
+            promotion_percent: 5,
+            merge_threshold: 2 << 10,
+        }
+    }
+
+    /// Bytes of memory for mini-pages (the circular buffer). Default 64 MiB.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = bytes;
+        self
+    }
+
+    /// Leaf page size: a power of two from 4 KiB to 64 KiB. Default 4 KiB. Fixed when the
+    /// directory is created. Key and value limits follow from it (see [`Limits`]).
+    pub fn page_size(mut self, bytes: usize) -> Self {
+        self.page_size = bytes;
+        self
+    }
+
+    /// When writes become durable. Default [`Durability::Buffered`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Which I/O backend a file-backed tree uses. Default [`IoBackend::Auto`].
+    pub fn io_backend(mut self, backend: IoBackend) -> Self {
+        self.io_backend = backend;
+        self
+    }
+
+    /// Share of the circular buffer, in percent (0 to 100), nearest the head where a touched
+    /// mini-page is copied to the tail instead of being updated in place. Default 10.
+    pub fn second_chance_percent(mut self, percent: u8) -> Self {
+        self.second_chance_percent = percent;
+        self
+    }
+
+    /// Chance, in percent (0 to 100), that a read served from a disk page caches the record
+    /// (or a phantom record for an absent key) in the page's mini-page. Default 5.
+    pub fn promotion_percent(mut self, percent: u8) -> Self {
+        self.promotion_percent = percent;
+        self
+    }
+
+    /// Mini-page size in bytes past which buffered writes are merged into the leaf page.
+    /// Default 2 KiB (the paper's choice).
+    pub fn merge_threshold(mut self, bytes: usize) -> Self {
+        self.merge_threshold = bytes;
+        self
+    }
+
+    /// The configured cache size in bytes.
+    pub fn get_cache_size(&self) -> usize {
+        self.cache_size
+    }
+
+    /// The configured directory, or `None` for an in-memory tree.
+    pub fn get_dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// The key and value limits that follow from the page size.
+    pub fn limits(&self) -> Limits {
+        Limits::for_page_size(self.page_size)
+    }
+
+    /// Checks every setting; `Tree::open` calls this first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first bad setting.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason| Err(Error::InvalidConfig { reason });
+        if !self.page_size.is_power_of_two()
+            || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&self.page_size)
+        {
+            return bad("page size must be a power of two from 4 KiB to 64 KiB");
+        }
+        if self.cache_size < 16 * self.page_size {
+            return bad("cache size must be at least 16 pages");
+        }
+        if self.second_chance_percent > 100 {
+            return bad("second-chance share must be 0 to 100 percent");
+        }
+        if self.promotion_percent > 100 {
+            return bad("promotion chance must be 0 to 100 percent");
+        }
+        if self.merge_threshold < 64 || self.merge_threshold > self.page_size {
+            return bad("merge threshold must be from 64 bytes to the page size");
+        }
+        Ok(())
+    }
+}
+
+/// Size limits of keys and values, derived from the page size so that any two records and
+/// the page's fence keys always fit in one leaf page (a split always makes progress).
+///
+/// With the default 4 KiB pages: keys up to 1024 bytes, key + value up to 2048 bytes.
+///
+/// ```
+/// let limits = bfkv::Limits::for_page_size(4096);
+/// assert_eq!(limits.max_key_len, 1024);
+/// assert_eq!(limits.max_record_len, 2048);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest key, in bytes: a quarter page, at most 8191 (the 13-bit length field).
+    pub max_key_len: usize,
+    /// Longest key + value, in bytes: half a page, at most 32767 (the 15-bit length field).
+    pub max_record_len: usize,
+}
+
+impl Limits {
+    /// The limits for leaf pages of `page_size` bytes.
+    pub fn for_page_size(page_size: usize) -> Limits {
+        Limits {
+            max_key_len: (page_size / 4).min(8191),
+            max_record_len: (page_size / 2).min(32767),
+        }
+    }
+
+    /// Checks a key and value against the limits.
+    ///
+    /// # Errors
+    /// [`Error::KeyTooLarge`] or [`Error::ValueTooLarge`] (whose limit is what remains of
+    /// the record limit after this key).
+    pub fn check(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        if key.len() > self.max_key_len {
+            return Err(Error::KeyTooLarge { len: key.len(), limit: self.max_key_len });
+        }
+        let limit = self.max_record_len - key.len();
+        if value.len() > limit {
+            return Err(Error::ValueTooLarge { len: value.len(), limit });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        Config::in_memory().validate().unwrap();
+        Config::new("/nonexistent").validate().unwrap();
+    }
+
+    #[test]
+    fn bad_settings_are_invalid_config() {
+        for c in [
+            Config::in_memory().page_size(3000),
+            Config::in_memory().page_size(2048),
+            Config::in_memory().page_size(128 << 10),
+            Config::in_memory().cache_size(4096),
+            Config::in_memory().second_chance_percent(101),
+            Config::in_memory().promotion_percent(200),
+            Config::in_memory().merge_threshold(8),
+            Config::in_memory().merge_threshold(8192),
+        ] {
+            assert!(matches!(c.validate(), Err(Error::InvalidConfig { .. })), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn limits_scale_with_page_size_and_fit_length_fields() {
+        assert_eq!(Limits::for_page_size(4096).max_key_len, 1024);
+        assert_eq!(Limits::for_page_size(4096).max_record_len, 2048);
+        let big = Limits::for_page_size(64 << 10);
+        assert_eq!(big.max_key_len, 8191);
+        assert_eq!(big.max_record_len, 32767);
+    }
+
+    #[test]
+    fn check_reports_the_remaining_value_limit() {
+        let l = Limits::for_page_size(4096);
+        l.check(&[], &[]).unwrap();
+        l.check(&[0; 1024], &[0; 1024]).unwrap();
+        assert!(matches!(
+            l.check(&[0; 1025], &[]),
+            Err(Error::KeyTooLarge { len: 1025, limit: 1024 })
+        ));
+        assert!(matches!(
+            l.check(&[0; 1000], &[0; 1049]),
+            Err(Error::ValueTooLarge { len: 1049, limit: 1048 })
+        ));
+    }
+}

@@ -1,0 +1,146 @@
+//! The one error type of bfkv.
+//!
+//! Every fallible operation returns [`Result`]. Each variant is something a caller can act
+//! on: retry or report an I/O failure, shorten a key, restore a damaged file from backup,
+//! close the other handle that holds the directory, or fix the configuration.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Shorthand for `std::result::Result<T, bfkv::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+///
+/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a `_` arm.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system I/O call failed on `path`.
+    Io {
+        /// The file or directory the failing call was about.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A key was longer than the tree accepts.
+    KeyTooLarge {
+        /// Length of the rejected key in bytes.
+        len: usize,
+        /// The largest accepted key length for this tree's page size.
+        limit: usize,
+    },
+    /// A value was longer than the tree accepts for its key.
+    ValueTooLarge {
+        /// Length of the rejected value in bytes.
+        len: usize,
+        /// The largest accepted value length for the key it came with.
+        limit: usize,
+    },
+    /// Stored data failed validation (checksum, magic, structure).
+    Corruption {
+        /// The damaged file.
+        file: PathBuf,
+        /// The page number inside that file, when the damage is in a page.
+        page: Option<u64>,
+        /// What check failed.
+        reason: &'static str,
+    },
+    /// The directory is already opened by another `Tree`, in this or another process.
+    Locked {
+        /// The locked directory.
+        path: PathBuf,
+    },
+    /// The configuration cannot be used.
+    InvalidConfig {
+        /// Which setting is wrong and why.
+        reason: &'static str,
+    },
+    /// An in-memory tree has no room left in its cache; nothing was changed.
+    CacheFull {
+        /// The configured cache size in bytes.
+        cache_size: usize,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+
+    /// A corruption error about `file`, optionally at `page`.
+    pub(crate) fn corruption(
+        file: impl Into<PathBuf>,
+        page: Option<u64>,
+        reason: &'static str,
+    ) -> Self {
+        Error::Corruption { file: file.into(), page, reason }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { path, source } => write!(f, "I/O error on {}: {source}", path.display()),
+            Error::KeyTooLarge { len, limit } => {
+                write!(f, "key of {len} bytes is larger than the limit of {limit} bytes")
+            }
+            Error::ValueTooLarge { len, limit } => {
+                write!(f, "value of {len} bytes is larger than the limit of {limit} bytes")
+            }
+            Error::Corruption { file, page: Some(page), reason } => {
+                write!(f, "corruption in {} at page {page}: {reason}", file.display())
+            }
+            Error::Corruption { file, page: None, reason } => {
+                write!(f, "corruption in {}: {reason}", file.display())
+            }
+            Error::Locked { path } => write!(
+                f,
+                "{} is already open in another Tree or process",
+                path.display()
+            ),
+            Error::InvalidConfig { reason } => write!(f, "invalid configuration: {reason}"),
+            Error::CacheFull { cache_size } => write!(
+                f,
+                "the in-memory tree is full ({cache_size} bytes of cache); nothing was written"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn display_names_what_and_where() {
+        let e = Error::io("/tmp/x", std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let s = e.to_string();
+        assert!(s.contains("/tmp/x"), "{s}");
+        assert!(e.source().is_some());
+
+        let e = Error::corruption("data", Some(7), "checksum mismatch");
+        assert_eq!(e.to_string(), "corruption in data at page 7: checksum mismatch");
+        assert!(e.source().is_none());
+
+        let e = Error::KeyTooLarge { len: 2000, limit: 1024 };
+        assert!(e.to_string().contains("2000") && e.to_string().contains("1024"));
+    }
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn check<T: Send + Sync + 'static + std::error::Error>() {}
+        check::<Error>();
+    }
+}

@@ -1,0 +1,108 @@
+//! The concurrency shim: every atomic, lock and thread bfkv uses comes from here, so the
+//! `shuttle` feature can swap them all for shuttle's model-checked versions at once.
+//!
+//! Code elsewhere imports `crate::sync::...` and never names `std::sync` or `parking_lot`
+//! directly for state shared between threads.
+
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize};
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::Arc;
+#[cfg(not(feature = "shuttle"))]
+#[allow(unused_imports)]
+pub(crate) use std::thread;
+
+#[cfg(feature = "shuttle")]
+pub(crate) use shuttle::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize};
+#[cfg(feature = "shuttle")]
+pub(crate) use shuttle::sync::Arc;
+#[cfg(feature = "shuttle")]
+#[allow(unused_imports)]
+pub(crate) use shuttle::thread;
+
+pub(crate) use std::sync::atomic::Ordering;
+
+/// A mutex without poisoning: a panic while holding it is a bug we do not try to survive.
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T> {
+    #[cfg(not(feature = "shuttle"))]
+    inner: parking_lot::Mutex<T>,
+    #[cfg(feature = "shuttle")]
+    inner: shuttle::sync::Mutex<T>,
+}
+
+/// Guard returned by [`Mutex::lock`].
+#[cfg(not(feature = "shuttle"))]
+pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+/// Guard returned by [`Mutex::lock`].
+#[cfg(feature = "shuttle")]
+pub(crate) type MutexGuard<'a, T> = shuttle::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Mutex { inner: Self::make(value) }
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    fn make(value: T) -> parking_lot::Mutex<T> {
+        parking_lot::Mutex::new(value)
+    }
+
+    #[cfg(feature = "shuttle")]
+    fn make(value: T) -> shuttle::sync::Mutex<T> {
+        shuttle::sync::Mutex::new(value)
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.inner.lock()
+    }
+
+    #[cfg(feature = "shuttle")]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        // A poisoned lock means another model thread panicked; the test fails on that panic.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Gives up the rest of this thread's time slice (a scheduling point under shuttle).
+pub(crate) fn yield_now() {
+    #[cfg(not(feature = "shuttle"))]
+    std::thread::yield_now();
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}
+
+/// One step of a bounded spin: a CPU hint normally, a scheduling point under shuttle.
+pub(crate) fn spin_hint() {
+    #[cfg(not(feature = "shuttle"))]
+    std::hint::spin_loop();
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mutex_serializes_threads() {
+        let m = Arc::new(Mutex::new(0u64));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                thread::spawn(move || {
+                    for _ in 0..1000 {
+                        *m.lock() += 1;
+                        spin_hint();
+                    }
+                    yield_now();
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("worker thread panicked");
+        }
+        assert_eq!(*m.lock(), 4000);
+    }
+}
