@@ -19,3 +19,9 @@ pub(crate) mod sync;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
+
+/// Entry points into the lower layers for the fuzz targets (feature `internals`). Not a
+/// stable API: nothing here is covered by semver.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {}
