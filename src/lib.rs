@@ -15,6 +15,7 @@
 
 mod config;
 mod error;
+pub(crate) mod node;
 pub(crate) mod sync;
 
 pub use config::{Config, Durability, IoBackend, Limits};
@@ -24,4 +25,10 @@ pub use error::{Error, Result};
 /// stable API: nothing here is covered by semver.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
-pub mod internals {}
+pub mod internals {
+    /// Fuzz entry for the node layout: decodes `data` as a node page and, if it validates,
+    /// checks search, bounds and iteration against a linear scan (panics on disagreement).
+    pub fn node_decode_check(data: &[u8]) {
+        crate::node::decode_check(data);
+    }
+}

@@ -1,0 +1,168 @@
+#![allow(dead_code)] // used by the tree core (issue 4); removed when it lands
+//! The one page layout shared by leaf pages, mini-pages and inner nodes (paper §3.2, §3.5).
+//!
+//! A node is a byte slice whose length is a power of two from 64 B to 64 KiB. All integers
+//! are little-endian.
+//!
+//! ```text
+//! 0      8          16        17    18     19      20     22          24         26       28     32
+//! | ckpt | disk_page | size_log2 | kind | flags | format | count | prefix_len | data_used | garbage | 0 |
+//! 32: count KV metas of 8 bytes, growing up ->      free      <- key/value bytes, growing down :size
+//! ```
+//!
+//! * Bytes 0..8 belong to the page store (its checksum); node code never reads or writes them.
+//! * `disk_page` is, for a mini-page, the disk page of its leaf (`u64::MAX` = none).
+//! * `flags` bit 0: low fence is -inf; bit 1: high fence is +inf; bits 2..7 belong to the tree.
+//! * `count` counts metas including the two fence slots; `data_used` counts the bytes of the
+//!   data region `[size - data_used, size)`, live and dead; `garbage` counts the dead ones.
+//!   `data_used == garbage + Σ live record bytes` always holds.
+//!
+//! A KV meta is one `u64`: bits 0..16 offset of the record bytes (key suffix then value;
+//! a record without bytes has offset 0), 16..29 key-suffix length, 29..44 value length,
+//! 44..47 record kind ([`RecordKind`], or 5 for a fence), bit 47 reference bit, 48..64 the
+//! look-ahead: the first two bytes of the key suffix, big-endian, zero-padded. Binary search
+//! compares look-aheads first and loads the key bytes only on a tie; zero padding keeps a
+//! strict look-ahead order consistent with byte order.
+//!
+//! # Fences and prefix compression
+//!
+//! Slot 0 is the low fence, slot 1 the high fence. The node prefix is the common prefix of the
+//! two fences (empty if either is infinite); records store only the key suffix after it.
+//!
+//! **Design decision: fences are stored truncated.** Slot 0 holds the low fence cut to
+//! `prefix_len + 1` bytes (its first `prefix_len` bytes *are* the stored prefix), slot 1 holds
+//! at most one byte, the high fence's byte after the prefix. With 1 KiB keys and 2 KiB records
+//! in a 4 KiB page, two full fences plus one record would not fit; truncated, fences cost at
+//! most `prefix_len + 2` bytes and the prefix, which is all compression needs, stays exact.
+//! Exact separators live in the inner nodes. Consequently the stored fences are hints, not
+//! bounds: never use them for range checks.
+//!
+//! Second consequence, for small nodes: a node of `size` bytes keeps a prefix of at most
+//! `size / 2 - 50` bytes (see [`max_prefix_len`]), so that a 64 B mini-page of a leaf with a
+//! long prefix can still be formatted; its records then store longer suffixes. A copy of such
+//! a node keeps the shorter prefix (the truncated fences cannot restore it); re-`init` with
+//! the exact bounds from the inner node to get it back.
+//!
+//! # Capacity guarantee
+//!
+//! A node of size `S` whose prefix is `p` can always hold any single record with
+//! `suffix + value + 8 <= S - 32 - 16 - (p + 2)`. With the limits of [`crate::Limits`] a
+//! 1 KiB key and a 2 KiB record always fit a 4 KiB leaf, whatever its fences.
+
+mod build;
+mod layout;
+mod read;
+mod validate;
+mod write;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_prop;
+
+// The tree core (issue 4) is the user of these re-exports; until it lands only tests use them.
+#[allow(unused_imports)]
+pub(crate) use build::{
+    build, copy_filtered, merge_sorted, shortest_separator, split_records, Record,
+};
+#[allow(unused_imports)]
+pub(crate) use layout::max_prefix_len;
+pub(crate) use read::NodeRef;
+#[cfg(feature = "internals")]
+pub(crate) use validate::decode_check;
+pub(crate) use write::NodeMut;
+
+/// Size of the node header in bytes.
+pub(crate) const HEADER_SIZE: usize = 32;
+/// Smallest node size (a fresh mini-page).
+pub(crate) const MIN_NODE: usize = 64;
+/// Largest node size (bounded by the 16-bit offsets).
+pub(crate) const MAX_NODE: usize = 65536;
+
+/// What a node is used as; stored in the header byte 17.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum NodeKind {
+    /// A leaf page (on disk, or its full-page image in memory).
+    Leaf = 1,
+    /// A mini-page: the in-memory write buffer and cache of one leaf.
+    Mini = 2,
+    /// An inner node: separators with child page ids (8-byte little-endian values).
+    Inner = 3,
+}
+
+impl NodeKind {
+    /// Decodes the header byte; `None` for an unknown kind.
+    pub(crate) fn from_u8(b: u8) -> Option<NodeKind> {
+        match b {
+            1 => Some(NodeKind::Leaf),
+            2 => Some(NodeKind::Mini),
+            3 => Some(NodeKind::Inner),
+            _ => None,
+        }
+    }
+}
+
+/// The type of one record (paper Table 1, plus buffered upserts).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum RecordKind {
+    /// A write not yet on disk.
+    Insert = 0,
+    /// A clean copy of a record read from disk.
+    Cache = 1,
+    /// A delete not yet on disk.
+    Tombstone = 2,
+    /// A cached negative lookup: the key is known to be absent.
+    Phantom = 3,
+    /// A buffered read-modify-write; its value is the complete new value at this layer.
+    Upsert = 4,
+}
+
+impl RecordKind {
+    /// Decodes the 3-bit meta field; `None` for fences (5) and unknown kinds.
+    pub(crate) fn from_u8(b: u8) -> Option<RecordKind> {
+        match b {
+            0 => Some(RecordKind::Insert),
+            1 => Some(RecordKind::Cache),
+            2 => Some(RecordKind::Tombstone),
+            3 => Some(RecordKind::Phantom),
+            4 => Some(RecordKind::Upsert),
+            _ => None,
+        }
+    }
+
+    /// True if the record must reach the leaf page before the mini-page is dropped.
+    pub(crate) fn is_dirty(self) -> bool {
+        matches!(
+            self,
+            RecordKind::Insert | RecordKind::Tombstone | RecordKind::Upsert
+        )
+    }
+
+    /// True if the record says the key exists (false: known deleted or absent).
+    pub(crate) fn exists(self) -> bool {
+        matches!(
+            self,
+            RecordKind::Insert | RecordKind::Cache | RecordKind::Upsert
+        )
+    }
+}
+
+/// Why a node from disk was rejected (the caller turns it into `Error::Corruption` with the
+/// file and page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CorruptNode(pub &'static str);
+
+/// The node has no room for the requested change; the node is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoSpace;
+
+/// Result of a search by key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Search {
+    /// The key is record `i` (0-based, fences excluded).
+    Found(usize),
+    /// The key is absent; `i` is where it would be inserted.
+    NotFound(usize),
+}

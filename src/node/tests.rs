@@ -1,0 +1,633 @@
+//! Unit tests of the node layout, one operation each.
+
+use super::*;
+use crate::Limits;
+
+/// A pair of optional bounds.
+type Bounds<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// A node buffer of `size` bytes.
+fn buf(size: usize) -> Vec<u8> {
+    vec![0xEE; size]
+}
+
+/// Full keys of all records.
+fn keys(n: NodeRef<'_>) -> Vec<Vec<u8>> {
+    let mut k = Vec::new();
+    (0..n.len())
+        .map(|i| {
+            n.key_into(i, &mut k);
+            k.clone()
+        })
+        .collect()
+}
+
+/// Asserts the node validates as untrusted bytes.
+fn valid(n: NodeRef<'_>) {
+    if let Err(e) = NodeRef::from_bytes_checked(n.bytes()) {
+        panic!("node we built fails validation: {e:?}");
+    }
+}
+
+#[test]
+fn empty_node_with_infinite_fences() {
+    let mut b = buf(64);
+    let n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    let r = n.as_ref();
+    assert_eq!(
+        (r.kind(), r.size(), r.len(), r.is_empty()),
+        (NodeKind::Mini, 64, 0, true)
+    );
+    assert_eq!((r.prefix(), r.disk_page(), r.flags()), (&b""[..], None, 0));
+    assert_eq!(r.used_bytes(), 48);
+    assert_eq!(r.free_space(), 16);
+    assert_eq!(r.search(b"x"), Search::NotFound(0));
+    assert!(
+        r.bytes()[..8].iter().all(|&x| x == 0xEE),
+        "checksum bytes touched"
+    );
+    valid(r);
+}
+
+#[test]
+fn search_with_prefix_and_keys_outside_it() {
+    let mut b = buf(4096);
+    let mut n = NodeMut::init(
+        &mut b,
+        NodeKind::Leaf,
+        Some(b"user:1000"),
+        Some(b"user:2000"),
+    );
+    assert_eq!(n.as_ref().prefix(), b"user:");
+    for k in ["user:1500", "user:1000", "user:1999", "user:1", "user:"] {
+        n.upsert(k.as_bytes(), k.as_bytes(), RecordKind::Insert)
+            .unwrap();
+    }
+    let r = n.as_ref();
+    assert_eq!(r.key_suffix(0), b"");
+    assert_eq!(
+        keys(r),
+        [
+            &b"user:"[..],
+            b"user:1",
+            b"user:1000",
+            b"user:1500",
+            b"user:1999"
+        ]
+    );
+    assert_eq!(r.search(b"user:1500"), Search::Found(3));
+    assert_eq!(r.search(b"user:15"), Search::NotFound(3));
+    assert_eq!(r.search(b"user"), Search::NotFound(0));
+    assert_eq!(r.search(b"a"), Search::NotFound(0));
+    assert_eq!(r.search(b"usez"), Search::NotFound(5));
+    assert_eq!(r.search(b"v"), Search::NotFound(5));
+    assert_eq!(
+        (r.lower_bound(b"user:1000"), r.upper_bound(b"user:1000")),
+        (2, 3)
+    );
+    assert_eq!(
+        r.get(b"user:1999"),
+        Some((4, RecordKind::Insert, &b"user:1999"[..]))
+    );
+    assert_eq!(r.get(b"user:2"), None);
+    valid(r);
+}
+
+#[test]
+fn lookahead_ties_fall_back_to_full_keys() {
+    let mut b = buf(4096);
+    let mut n = NodeMut::init(&mut b, NodeKind::Leaf, None, None);
+    let ks: [&[u8]; 9] = [
+        b"ab", b"abc", b"ab\0", b"a", b"a\0", b"", b"\0", b"\0\0\0", b"abd",
+    ];
+    for k in ks {
+        n.upsert(k, b"v", RecordKind::Insert).unwrap();
+    }
+    let mut sorted: Vec<&[u8]> = ks.to_vec();
+    sorted.sort();
+    assert_eq!(keys(n.as_ref()), sorted);
+    for (i, k) in sorted.iter().enumerate() {
+        assert_eq!(n.as_ref().search(k), Search::Found(i));
+    }
+    assert_eq!(n.as_ref().search(b"ab\0\0"), Search::NotFound(7));
+    valid(n.as_ref());
+}
+
+#[test]
+fn empty_keys_and_values() {
+    let mut b = buf(128);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    n.upsert(b"", b"", RecordKind::Insert).unwrap();
+    n.upsert(b"k", b"", RecordKind::Tombstone).unwrap();
+    let r = n.as_ref();
+    assert_eq!(r.get(b""), Some((0, RecordKind::Insert, &b""[..])));
+    assert_eq!(r.get(b"k"), Some((1, RecordKind::Tombstone, &b""[..])));
+    assert_eq!(r.used_bytes(), 48 + 16 + 1);
+    valid(r);
+}
+
+#[test]
+fn overwrite_in_place_then_relocate() {
+    let mut b = buf(256);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    n.upsert(b"key", b"0123456789", RecordKind::Insert).unwrap();
+    let before = n.as_ref().used_bytes();
+    // Shorter value: same bytes, the tail becomes garbage.
+    assert_eq!(n.upsert(b"key", b"abc", RecordKind::Upsert), Ok(0));
+    let r = n.as_ref();
+    assert_eq!(r.get(b"key"), Some((0, RecordKind::Upsert, &b"abc"[..])));
+    assert_eq!(r.used_bytes(), before - 7);
+    assert_eq!(r.garbage(), 7);
+    valid(r);
+    // Longer value: appended, the old bytes become garbage.
+    n.upsert(b"key", b"a much longer value", RecordKind::Insert)
+        .unwrap();
+    let r = n.as_ref();
+    assert_eq!(r.value(0), b"a much longer value");
+    assert_eq!(r.garbage(), 7 + 6);
+    assert_eq!(r.used_bytes(), 48 + 8 + 3 + 19);
+    valid(r);
+}
+
+#[test]
+fn relocation_compacts_when_only_garbage_makes_room() {
+    let mut b = buf(128);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    n.upsert(b"a", &[1; 30], RecordKind::Insert).unwrap();
+    n.upsert(b"b", &[2; 20], RecordKind::Insert).unwrap();
+    n.remove_at(0); // "a" is not the lowest data: its 31 bytes become garbage
+    assert_eq!(n.as_ref().garbage(), 31);
+    assert!(n.as_ref().contiguous_free() < 8 + 1 + 60);
+    assert!(n.as_ref().fits(b"b", 60));
+    n.upsert(b"b", &[3; 60], RecordKind::Insert).unwrap();
+    let r = n.as_ref();
+    assert_eq!((r.len(), r.value(0), r.garbage()), (1, &[3u8; 60][..], 0));
+    assert_eq!(r.free_space(), 128 - 48 - 8 - 61);
+    assert!(!r.fits(b"b", 61 + r.free_space()));
+    assert_eq!(n.upsert(b"b", &[4; 128], RecordKind::Insert), Err(NoSpace));
+    assert_eq!(n.as_ref().value(0), &[3u8; 60][..]);
+    valid(n.as_ref());
+}
+
+#[test]
+fn nospace_leaves_the_node_unchanged() {
+    let mut b = buf(128);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    n.upsert(b"k", &[1; 60], RecordKind::Insert).unwrap();
+    assert_eq!(n.as_ref().free_space(), 11);
+    let snapshot = n.as_ref().bytes().to_vec();
+    assert!(!n.as_ref().fits(b"x", 3));
+    assert_eq!(n.upsert(b"x", b"123", RecordKind::Insert), Err(NoSpace));
+    assert_eq!(n.upsert(b"k", &[2; 72], RecordKind::Insert), Err(NoSpace));
+    assert_eq!(n.as_ref().bytes(), &snapshot[..]);
+    assert!(n.as_ref().fits(b"x", 2));
+    n.upsert(b"x", b"12", RecordKind::Insert).unwrap();
+    assert_eq!(n.as_ref().free_space(), 0);
+    valid(n.as_ref());
+}
+
+#[test]
+fn remove_and_compact() {
+    let mut b = buf(1024);
+    let mut n = NodeMut::init(&mut b, NodeKind::Leaf, Some(b"k00"), Some(b"k99"));
+    for i in 0..20u8 {
+        n.upsert(format!("k{i:02}").as_bytes(), &[i; 10], RecordKind::Insert)
+            .unwrap();
+    }
+    let full = n.as_ref().used_bytes();
+    for i in (0..20).step_by(3).rev() {
+        n.remove_at(i);
+    }
+    let r = n.as_ref();
+    assert_eq!(r.len(), 13);
+    assert_eq!(r.used_bytes(), full - 7 * (8 + 2 + 10));
+    valid(r);
+    n.compact();
+    let r = n.as_ref();
+    assert_eq!(r.garbage(), 0);
+    assert_eq!(r.contiguous_free(), r.free_space());
+    assert_eq!(r.used_bytes(), full - 7 * (8 + 2 + 10));
+    for i in 0..r.len() {
+        let k = r.key_suffix(i)[0] - b'0';
+        let want = k * 10 + (r.key_suffix(i)[1] - b'0');
+        assert_eq!(r.value(i), &[want; 10]);
+        assert_ne!(want % 3, 0);
+    }
+    valid(r);
+}
+
+#[test]
+fn remove_of_the_lowest_bytes_shrinks_the_data_region() {
+    let mut b = buf(128);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    n.upsert(b"a", b"1", RecordKind::Insert).unwrap();
+    n.upsert(b"b", b"2", RecordKind::Insert).unwrap();
+    n.remove_at(1);
+    assert_eq!((n.as_ref().garbage(), n.as_ref().data_used()), (0, 2));
+    valid(n.as_ref());
+}
+
+#[test]
+fn fences_finite_infinite_and_truncated() {
+    let cases: [(Bounds<'_>, &[u8]); 5] = [
+        ((None, None), b""),
+        ((Some(b"abc"), None), b""),
+        ((None, Some(b"abc")), b""),
+        ((Some(b"prefix/aaaa"), Some(b"prefix/b")), b"prefix/"),
+        ((Some(b"pre"), Some(b"prefix")), b"pre"),
+    ];
+    for ((low, high), prefix) in cases {
+        let mut b = buf(256);
+        let n = NodeMut::init(&mut b, NodeKind::Leaf, low, high);
+        let r = n.as_ref();
+        assert_eq!(r.prefix(), prefix);
+        let p = prefix.len();
+        assert_eq!(r.low_fence_stored(), low.map(|l| &l[..l.len().min(p + 1)]));
+        assert_eq!(
+            r.high_fence_stored(),
+            high.map(|h| &h[p..h.len().min(p + 1)])
+        );
+        assert!(r.used_bytes() <= 48 + p + 2);
+        valid(r);
+    }
+}
+
+#[test]
+fn small_nodes_keep_a_shorter_prefix() {
+    let (low, high) = (
+        b"0123456789abcdefghij-a".as_slice(),
+        b"0123456789abcdefghij-z".as_slice(),
+    );
+    let mut b = buf(64);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, Some(low), Some(high));
+    assert_eq!(n.as_ref().prefix(), b"");
+    n.upsert(b"0123", b"", RecordKind::Insert).unwrap();
+    valid(n.as_ref());
+    let mut b = buf(128);
+    let n = NodeMut::init(&mut b, NodeKind::Mini, Some(low), Some(high));
+    assert_eq!(n.as_ref().prefix(), b"0123456789abcd");
+    valid(n.as_ref());
+}
+
+#[test]
+fn limits_max_key_and_record_fit_a_leaf_with_any_fences() {
+    for page in [4096usize, 8192, 65536] {
+        let lim = Limits::for_page_size(page);
+        let mut low = vec![b'x'; lim.max_key_len];
+        let mut high = low.clone();
+        *low.last_mut().unwrap() = b'a';
+        *high.last_mut().unwrap() = b'z';
+        let mut key = low.clone();
+        *key.last_mut().unwrap() = b'm';
+        let fences: [Bounds<'_>; 4] = [
+            (None, None),
+            (Some(&low), None),
+            (None, Some(&high)),
+            (Some(&low), Some(&high)),
+        ];
+        for (l, h) in fences {
+            let mut b = buf(page);
+            let mut n = NodeMut::init(&mut b, NodeKind::Leaf, l, h);
+            let value = vec![7u8; lim.max_record_len - key.len()];
+            assert!(n.as_ref().fits(&key, value.len()));
+            n.upsert(&key, &value, RecordKind::Insert).unwrap();
+            // Overwrite with a value of the same size relocates nothing; a one-byte longer
+            // overwrite must still fit after compaction when limits allow it.
+            n.upsert(&key, &value, RecordKind::Insert).unwrap();
+            valid(n.as_ref());
+            let p = n.as_ref().prefix_len();
+            let suffix_plus_value = key.len() - p + value.len();
+            assert!(suffix_plus_value + 8 <= page - 32 - 16 - (p + 2));
+        }
+    }
+}
+
+#[test]
+fn kinds_ref_bits_and_tree_flags() {
+    let mut b = buf(256);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
+    let kinds = [
+        RecordKind::Insert,
+        RecordKind::Cache,
+        RecordKind::Tombstone,
+        RecordKind::Phantom,
+        RecordKind::Upsert,
+    ];
+    for (i, k) in kinds.iter().enumerate() {
+        n.upsert(&[i as u8], b"v", *k).unwrap();
+    }
+    n.set_ref_bit(1, true);
+    n.set_record_kind(0, RecordKind::Cache);
+    n.set_disk_page(Some(42));
+    n.set_flags(0xFF);
+    let r = n.as_ref();
+    assert_eq!(r.record_kind(0), RecordKind::Cache);
+    assert!(r.ref_bit(1) && !r.ref_bit(0));
+    assert_eq!(r.dirty_count(), 2);
+    assert_eq!(r.disk_page(), Some(42));
+    assert_eq!(r.flags(), 0xFC);
+    assert!(r.low_is_infinite() && r.high_is_infinite());
+    valid(r);
+    n.set_flags(0);
+    n.set_disk_page(None);
+    assert_eq!((n.as_ref().flags(), n.as_ref().disk_page()), (0, None));
+    assert!(n.as_ref().low_is_infinite());
+    assert!(
+        RecordKind::Insert.is_dirty()
+            && RecordKind::Upsert.is_dirty()
+            && RecordKind::Tombstone.is_dirty()
+    );
+    assert!(!RecordKind::Cache.is_dirty() && !RecordKind::Phantom.is_dirty());
+    assert!(
+        RecordKind::Cache.exists()
+            && !RecordKind::Tombstone.exists()
+            && !RecordKind::Phantom.exists()
+    );
+}
+
+/// A leaf with keys k00..k(n-1) valued by their index.
+fn leaf(b: &mut [u8], n: u8) -> NodeMut<'_> {
+    let mut node = NodeMut::init(b, NodeKind::Leaf, None, None);
+    for i in 0..n {
+        node.push_sorted(format!("k{i:02}").as_bytes(), &[i], RecordKind::Insert)
+            .unwrap();
+    }
+    node
+}
+
+#[test]
+fn merge_from_applies_dirty_records_only() {
+    let mut lb = buf(4096);
+    let mut l = leaf(&mut lb, 10);
+    let mut mb = buf(512);
+    let mut m = NodeMut::init(&mut mb, NodeKind::Mini, None, None);
+    m.upsert(b"k01", b"new", RecordKind::Insert).unwrap();
+    m.upsert(b"k02", b"", RecordKind::Tombstone).unwrap();
+    m.upsert(b"k03", b"cached", RecordKind::Cache).unwrap();
+    m.upsert(b"k04", b"upserted", RecordKind::Upsert).unwrap();
+    m.upsert(b"k50", b"", RecordKind::Phantom).unwrap();
+    m.upsert(b"k51", b"", RecordKind::Tombstone).unwrap();
+    m.upsert(b"k52", b"fresh", RecordKind::Upsert).unwrap();
+    l.merge_from(m.as_ref()).unwrap();
+    let r = l.as_ref();
+    assert_eq!(r.len(), 10);
+    assert_eq!(r.get(b"k01"), Some((1, RecordKind::Insert, &b"new"[..])));
+    assert_eq!(r.get(b"k02"), None);
+    assert_eq!(r.get(b"k03").map(|g| g.2), Some(&[3u8][..]));
+    assert_eq!(r.get(b"k04").map(|g| g.2), Some(&b"upserted"[..]));
+    assert_eq!(r.get(b"k50"), None);
+    assert_eq!(r.get(b"k52"), Some((9, RecordKind::Insert, &b"fresh"[..])));
+    valid(r);
+    let merged = merge_sorted(leaf(&mut buf(4096), 10).as_ref(), m.as_ref());
+    let want: Vec<Vec<u8>> = keys(r);
+    assert_eq!(
+        merged.iter().map(|x| x.key.clone()).collect::<Vec<_>>(),
+        want
+    );
+    for (i, rec) in merged.iter().enumerate() {
+        assert_eq!(
+            (rec.value.as_slice(), rec.kind),
+            (r.value(i), RecordKind::Insert)
+        );
+    }
+}
+
+#[test]
+fn merge_from_is_all_or_nothing() {
+    let mut lb = buf(4096);
+    let mut l = NodeMut::init(&mut lb, NodeKind::Leaf, None, None);
+    for i in 1..4u8 {
+        l.push_sorted(&[i], &[i; 1000], RecordKind::Insert).unwrap();
+    }
+    let before = l.as_ref().bytes().to_vec();
+    let mut mb = buf(8192);
+    let mut m = NodeMut::init(&mut mb, NodeKind::Mini, None, None);
+    m.upsert(&[1], &[9; 2040], RecordKind::Insert).unwrap();
+    m.upsert(&[9], &[9; 1000], RecordKind::Insert).unwrap();
+    assert_eq!(l.merge_from(m.as_ref()), Err(NoSpace));
+    assert_eq!(l.as_ref().bytes(), &before[..]);
+    // With a later tombstone instead it fits, but only if the removal is applied before the
+    // growth of key 1 (in key order the growth alone would overflow the page).
+    m.remove_at(1);
+    m.upsert(&[3], b"", RecordKind::Tombstone).unwrap();
+    l.merge_from(m.as_ref()).unwrap();
+    assert_eq!(keys(l.as_ref()), [vec![1u8], vec![2]]);
+    assert_eq!(l.as_ref().value(0), &[9u8; 2040][..]);
+    valid(l.as_ref());
+}
+
+#[test]
+fn copy_filtered_grows_shrinks_and_drops() {
+    let mut sb = buf(256);
+    let mut s = NodeMut::init(&mut sb, NodeKind::Mini, Some(b"ab1"), Some(b"ab9"));
+    s.set_disk_page(Some(7));
+    s.set_flags(0x10);
+    s.upsert(b"ab2", b"cold", RecordKind::Cache).unwrap();
+    s.upsert(b"ab3", b"hot", RecordKind::Cache).unwrap();
+    s.upsert(b"ab4", b"dirty", RecordKind::Insert).unwrap();
+    s.upsert(b"ab5", b"x", RecordKind::Phantom).unwrap();
+    s.set_ref_bit(1, true);
+    let src = s.as_ref();
+    let mut big = buf(1024);
+    copy_filtered(src, &mut big, |_, _| true, false).unwrap();
+    let r = NodeRef::from_bytes_checked(&big).unwrap();
+    assert_eq!(
+        (r.len(), r.prefix(), r.disk_page(), r.flags()),
+        (4, &b"ab"[..], Some(7), 0x10)
+    );
+    assert_eq!(keys(r), keys(src));
+    assert!(r.ref_bit(1));
+    let mut small = buf(128);
+    copy_filtered(src, &mut small, |k, rb| k.is_dirty() || rb, true).unwrap();
+    let r = NodeRef::from_bytes_checked(&small).unwrap();
+    assert_eq!(keys(r), [b"ab3".to_vec(), b"ab4".to_vec()]);
+    assert!(!r.ref_bit(0));
+    assert_eq!(r.used_bytes(), 48 + 3 + 1 + 2 * 8 + 1 + 3 + 1 + 5);
+    let mut tiny = buf(64);
+    assert_eq!(
+        copy_filtered(src, &mut tiny, |_, _| true, false),
+        Err(NoSpace)
+    );
+}
+
+#[test]
+fn shortest_separators() {
+    assert_eq!(shortest_separator(b"abc", b"abd"), b"abd");
+    assert_eq!(shortest_separator(b"abc", b"b"), b"b");
+    assert_eq!(shortest_separator(b"abc", b"abzzz"), b"abz");
+    assert_eq!(shortest_separator(b"ab", b"abc"), b"abc");
+    assert_eq!(shortest_separator(b"", b"\0"), b"\0");
+    assert_eq!(shortest_separator(b"a", b"a\0\0"), b"a\0");
+}
+
+/// Records `key{i:04}` with `vlen`-byte values.
+fn records(n: usize, vlen: usize) -> Vec<Record> {
+    (0..n)
+        .map(|i| Record {
+            key: format!("key{i:04}").into_bytes(),
+            value: vec![i as u8; vlen],
+            kind: RecordKind::Insert,
+        })
+        .collect()
+}
+
+/// Builds every group of a split and checks bounds, separators and fit.
+fn check_split(
+    recs: &[Record],
+    size: usize,
+    kind: NodeKind,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+) -> Vec<usize> {
+    let groups = split_records(recs, size, kind, low, high);
+    assert_eq!(groups[0].0.start, 0);
+    assert_eq!(groups.last().unwrap().0.end, recs.len());
+    assert_eq!(groups[0].1.as_deref(), low);
+    let mut sizes = Vec::new();
+    for (g, (range, glow)) in groups.iter().enumerate() {
+        assert!(!range.is_empty() || recs.is_empty());
+        let ghigh = groups.get(g + 1).map_or(high, |n| n.1.as_deref());
+        if g > 0 {
+            let sep = glow.as_deref().unwrap();
+            let (left, right) = (&recs[range.start - 1].key, &recs[range.start].key);
+            assert!(left.as_slice() < sep && sep <= right.as_slice());
+            match kind {
+                NodeKind::Inner => assert_eq!(sep, right.as_slice()),
+                _ => assert_eq!(sep, shortest_separator(left, right)),
+            }
+            assert_eq!(groups[g - 1].0.end, range.start);
+        }
+        let mut b = buf(size);
+        build(&mut b, kind, glow.as_deref(), ghigh, &recs[range.clone()]).unwrap();
+        let r = NodeRef::from_bytes_checked(&b).unwrap();
+        assert_eq!(r.len(), range.len());
+        sizes.push(r.used_bytes());
+    }
+    sizes
+}
+
+#[test]
+fn split_records_is_balanced_and_separators_are_short() {
+    let recs = records(100, 50);
+    let sizes = check_split(&recs, 4096, NodeKind::Leaf, None, None);
+    assert_eq!(sizes.len(), 2);
+    assert!(sizes[0].abs_diff(sizes[1]) <= 70, "{sizes:?}");
+    let sizes = check_split(&recs, 1024, NodeKind::Leaf, Some(b"key"), Some(b"kez"));
+    assert!(
+        sizes.len() >= 7 && sizes.iter().all(|&s| s <= 1024 && s > 400),
+        "{sizes:?}"
+    );
+    check_split(&records(300, 8), 4096, NodeKind::Inner, Some(b"k"), None);
+    // Each group's prefix compression counts: 40 records with 200-byte shared prefixes need
+    // ~9 KB uncompressed but ~1.1 KB compressed.
+    let long: Vec<Record> = (0..40)
+        .map(|i| Record {
+            key: [vec![b'p'; 200], format!("{i:03}").into_bytes()].concat(),
+            value: vec![1; 10],
+            kind: RecordKind::Insert,
+        })
+        .collect();
+    let lo = [vec![b'p'; 200], b"0".to_vec()].concat();
+    let hi = [vec![b'p'; 200], b"9".to_vec()].concat();
+    let sizes = check_split(&long, 4096, NodeKind::Leaf, Some(&lo), Some(&hi));
+    assert_eq!(sizes.len(), 1, "{sizes:?}");
+    let sizes = check_split(&long, 1024, NodeKind::Leaf, Some(&lo), Some(&hi));
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert_eq!(
+        split_records(&[], 4096, NodeKind::Leaf, Some(b"a"), None),
+        vec![(0..0, Some(b"a".to_vec()))]
+    );
+}
+
+#[test]
+fn split_records_handles_maximal_records() {
+    let lim = Limits::for_page_size(4096);
+    let recs: Vec<Record> = (0..5u8)
+        .map(|i| {
+            let mut key = vec![b'k'; lim.max_key_len];
+            key[lim.max_key_len - 1] = i;
+            Record {
+                key,
+                value: vec![i; lim.max_record_len - lim.max_key_len],
+                kind: RecordKind::Insert,
+            }
+        })
+        .collect();
+    // Prefix compression lets the middle groups hold two 2 KiB records each.
+    assert_eq!(
+        check_split(&recs, 4096, NodeKind::Leaf, None, None).len(),
+        4
+    );
+    let mut lo = vec![b'k'; lim.max_key_len];
+    lo.pop();
+    check_split(&recs, 4096, NodeKind::Leaf, Some(&lo), Some(b"l"));
+}
+
+#[test]
+fn inner_nodes_route_by_child_index() {
+    let mut b = buf(512);
+    let mut n = NodeMut::init(&mut b, NodeKind::Inner, Some(b"m"), Some(b"t"));
+    for (k, child) in [(&b""[..], 10u64), (b"n", 11), (b"p", 12), (b"s", 13)] {
+        n.push_sorted(k, &child.to_le_bytes(), RecordKind::Insert)
+            .unwrap();
+    }
+    let r = n.as_ref();
+    valid(r);
+    let route = |k: &[u8]| r.child(r.child_index(k));
+    assert_eq!(route(b"m"), 10);
+    assert_eq!(route(b"mzz"), 10);
+    assert_eq!(route(b"n"), 11);
+    assert_eq!(route(b"o"), 11);
+    assert_eq!(route(b"p"), 12);
+    assert_eq!(route(b"s"), 13);
+    assert_eq!(route(b"szzz"), 13);
+    assert_eq!(route(b"a"), 10);
+}
+
+#[test]
+fn validation_rejects_damage() {
+    let mut b = buf(256);
+    let mut n = NodeMut::init(&mut b, NodeKind::Leaf, Some(b"a"), Some(b"z"));
+    for k in [&b"b"[..], b"c", b"d"] {
+        n.upsert(k, b"val", RecordKind::Insert).unwrap();
+    }
+    NodeRef::from_bytes_checked(&b).unwrap();
+    let mutations: [(usize, u8); 9] = [
+        (16, 9),             // size_log2
+        (17, 0),             // kind
+        (19, 2),             // format
+        (20, 200),           // count
+        (24, 0),             // data_used
+        (26, 1),             // garbage
+        (29, 1),             // reserved
+        (32 + 16 + 7, 0x99), // look-ahead of record 0
+        (32 + 16 + 5, 0x70), // record kind 7 of record 0
+    ];
+    for (at, v) in mutations {
+        let mut c = b.clone();
+        c[at] = v;
+        assert!(
+            NodeRef::from_bytes_checked(&c).is_err(),
+            "mutation at {at} accepted"
+        );
+    }
+    // Swapping two metas breaks the order.
+    let mut c = b.clone();
+    let (m0, m1) = (32 + 16, 32 + 24);
+    let tmp: Vec<u8> = c[m0..m0 + 8].to_vec();
+    c.copy_within(m1..m1 + 8, m0);
+    c[m1..m1 + 8].copy_from_slice(&tmp);
+    assert!(NodeRef::from_bytes_checked(&c).is_err());
+    assert!(NodeRef::from_bytes_checked(&b[..255]).is_err());
+    assert!(NodeRef::from_bytes_checked(&[]).is_err());
+}
+
+#[test]
+fn decode_check_accepts_built_nodes() {
+    let mut b = buf(4096);
+    leaf(&mut b, 30);
+    let mut data = vec![6u8]; // 64 << 6 = 4096
+    data.extend_from_slice(&b);
+    data.extend_from_slice(b"k05k17zzzzk");
+    validate::decode_check(&data);
+}

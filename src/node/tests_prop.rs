@@ -1,0 +1,1 @@
+//! Property tests of the node layout against a BTreeMap model.

@@ -1,0 +1,237 @@
+//! Validation of untrusted node bytes (pages read from disk), and the fuzz check built on it.
+//!
+//! After [`check`] accepts a buffer, every accessor of `NodeRef` stays in bounds: all record
+//! ranges lie inside the data region (or are empty), the fence slots hold the prefix, and
+//! the records are strictly sorted, so binary search agrees with a linear scan.
+
+use super::layout::{
+    lookahead, read_u16, read_u64, Meta, FENCES, FENCE_KIND, FLAG_HIGH_INF, FLAG_LOW_INF,
+    FORMAT_VERSION, META_SIZE, OFF_COUNT, OFF_DATA_USED, OFF_FLAGS, OFF_FORMAT, OFF_GARBAGE,
+    OFF_KIND, OFF_PREFIX_LEN, OFF_RESERVED, OFF_SIZE_LOG2,
+};
+use super::{CorruptNode, NodeKind, RecordKind, HEADER_SIZE, MAX_NODE, MIN_NODE};
+
+/// Checks every structural invariant of a node; O(size).
+pub(super) fn check(buf: &[u8]) -> Result<(), CorruptNode> {
+    let bad = |why| Err(CorruptNode(why));
+    let size = buf.len();
+    if !size.is_power_of_two() || !(MIN_NODE..=MAX_NODE).contains(&size) {
+        return bad("node size is not a power of two from 64 to 65536");
+    }
+    if usize::from(buf[OFF_SIZE_LOG2]) != size.trailing_zeros() as usize {
+        return bad("size_log2 does not match the page size");
+    }
+    let Some(kind) = NodeKind::from_u8(buf[OFF_KIND]) else {
+        return bad("unknown node kind");
+    };
+    if buf[OFF_FORMAT] != FORMAT_VERSION {
+        return bad("unknown node format version");
+    }
+    if buf[OFF_RESERVED..HEADER_SIZE].iter().any(|&b| b != 0) {
+        return bad("reserved header bytes are not zero");
+    }
+    let count = usize::from(read_u16(buf, OFF_COUNT));
+    let prefix_len = usize::from(read_u16(buf, OFF_PREFIX_LEN));
+    let data_used = usize::from(read_u16(buf, OFF_DATA_USED));
+    let garbage = usize::from(read_u16(buf, OFF_GARBAGE));
+    if count < FENCES {
+        return bad("fence slots missing");
+    }
+    if HEADER_SIZE + count * META_SIZE + data_used > size {
+        return bad("metas overlap the data region");
+    }
+    if garbage > data_used {
+        return bad("garbage exceeds the data region");
+    }
+    let data_start = size - data_used;
+    let mut claimed = Claimed::new(size);
+    let mut live = 0;
+    let mut prev: Option<&[u8]> = None;
+    for slot in 0..count {
+        let m = Meta(read_u64(buf, HEADER_SIZE + slot * META_SIZE));
+        let (off, len) = (m.offset(), m.data_len());
+        if len > 0 {
+            if off < data_start || off + len > size {
+                return bad("record bytes outside the data region");
+            }
+            if !claimed.claim(off, off + len) {
+                return bad("records overlap");
+            }
+        } else if off != 0 && (off < data_start || off > size) {
+            return bad("empty record with a stray offset");
+        }
+        live += len;
+        let key = &buf[off..off + m.key_len()];
+        if m.lookahead() != lookahead(key) {
+            return bad("look-ahead bytes do not match the key");
+        }
+        if slot < FENCES {
+            if m.kind() != FENCE_KIND || m.val_len() != 0 || m.ref_bit() {
+                return bad("malformed fence slot");
+            }
+            continue;
+        }
+        let Some(rk) = RecordKind::from_u8(m.kind()) else {
+            return bad("unknown record kind");
+        };
+        if kind == NodeKind::Inner && (rk != RecordKind::Insert || m.val_len() != 8) {
+            return bad("inner-node record is not a child page id");
+        }
+        if prev.is_some_and(|p| p >= key) {
+            return bad("keys not in strictly ascending order");
+        }
+        prev = Some(key);
+    }
+    if live + garbage != data_used {
+        return bad("data accounting does not add up");
+    }
+    check_fences(buf, prefix_len)
+}
+
+/// Checks the fence slots against the flags and the prefix length.
+fn check_fences(buf: &[u8], prefix_len: usize) -> Result<(), CorruptNode> {
+    let bad = |why| Err(CorruptNode(why));
+    let fence = |slot: usize| {
+        let m = Meta(read_u64(buf, HEADER_SIZE + slot * META_SIZE));
+        &buf[m.offset()..m.offset() + m.key_len()]
+    };
+    let (low, high) = (fence(0), fence(1));
+    let flags = buf[OFF_FLAGS];
+    let low_inf = flags & FLAG_LOW_INF != 0;
+    let high_inf = flags & FLAG_HIGH_INF != 0;
+    if (low_inf || high_inf) && prefix_len != 0 {
+        return bad("prefix with an infinite fence");
+    }
+    if low_inf && !low.is_empty() || high_inf && !high.is_empty() {
+        return bad("infinite fence with stored bytes");
+    }
+    if !low_inf && (low.len() < prefix_len || low.len() > prefix_len + 1) {
+        return bad("low fence does not hold the prefix");
+    }
+    if high.len() > 1 {
+        return bad("high fence longer than one byte");
+    }
+    // Equal bytes happen when a small node keeps a shorter prefix than the fences share.
+    if let (Some(l), Some(h)) = (low.get(prefix_len), high.first()) {
+        if l > h {
+            return bad("low fence above high fence");
+        }
+    }
+    Ok(())
+}
+
+/// A bitmap of the data bytes already claimed by a record.
+struct Claimed {
+    /// One bit per node byte.
+    words: Vec<u64>,
+}
+
+impl Claimed {
+    /// An empty map for a node of `size` bytes.
+    fn new(size: usize) -> Claimed {
+        Claimed {
+            words: vec![0; size.div_ceil(64)],
+        }
+    }
+
+    /// Claims `[start, end)`; false if any byte was claimed before. Word at a time.
+    fn claim(&mut self, start: usize, end: usize) -> bool {
+        let mut at = start;
+        while at < end {
+            let (w, bit) = (at / 64, at % 64);
+            let n = (end - at).min(64 - bit);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
+            if self.words[w] & mask != 0 {
+                return false;
+            }
+            self.words[w] |= mask;
+            at += n;
+        }
+        true
+    }
+}
+
+/// Fuzz check: decodes arbitrary bytes; if accepted, cross-checks search, bounds and
+/// iteration against a linear scan, panicking on any inconsistency. The first bytes of
+/// `data` choose probe keys; the rest is the node (padded or cut to a valid size).
+#[cfg(any(test, feature = "internals"))]
+pub(crate) fn decode_check(data: &[u8]) {
+    use super::{NodeRef, Search};
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let size = MIN_NODE << (sel % 11);
+    let mut page = vec![0u8; size];
+    let n = rest.len().min(size);
+    page[..n].copy_from_slice(&rest[..n]);
+    let probes = &rest[n..];
+    let Ok(node) = NodeRef::from_bytes_checked(&page) else {
+        return;
+    };
+    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(node.len());
+    let mut key = Vec::new();
+    for i in 0..node.len() {
+        node.key_into(i, &mut key);
+        let _ = (node.value(i), node.record_kind(i), node.ref_bit(i));
+        if let Some(p) = keys.last() {
+            assert!(*p < key, "records not sorted");
+        }
+        keys.push(key.clone());
+    }
+    for i in (0..node.len()).rev() {
+        node.key_into(i, &mut key);
+        assert_eq!(key, keys[i]);
+        assert_eq!(node.search(&key), Search::Found(i));
+        assert_eq!(node.get(&key).map(|g| g.0), Some(i));
+    }
+    let mut probe_keys: Vec<Vec<u8>> = probes.chunks(5).map(<[u8]>::to_vec).collect();
+    for k in &keys {
+        let mut longer = k.clone();
+        longer.push(0);
+        probe_keys.push(longer);
+        probe_keys.push(k[..k.len() / 2].to_vec());
+    }
+    for p in &probe_keys {
+        let lower = keys.iter().filter(|k| *k < p).count();
+        let upper = keys.iter().filter(|k| *k <= p).count();
+        assert_eq!(
+            node.lower_bound(p),
+            lower,
+            "lower_bound disagrees with a scan"
+        );
+        assert_eq!(
+            node.upper_bound(p),
+            upper,
+            "upper_bound disagrees with a scan"
+        );
+        let expect = if upper > lower {
+            Search::Found(lower)
+        } else {
+            Search::NotFound(lower)
+        };
+        assert_eq!(node.search(p), expect);
+        assert_eq!(node.child_index(p), upper.saturating_sub(1));
+    }
+    let _ = (
+        node.free_space(),
+        node.used_bytes(),
+        node.dirty_count(),
+        node.disk_page(),
+        node.flags(),
+    );
+    let _ = (
+        node.low_fence_stored(),
+        node.high_fence_stored(),
+        node.prefix(),
+    );
+    if node.kind() == NodeKind::Inner {
+        for i in 0..node.len() {
+            let _ = node.child(i);
+        }
+    }
+    assert!(node.used_bytes() <= node.size());
+}
