@@ -16,6 +16,7 @@
 mod config;
 mod error;
 pub(crate) mod node;
+pub(crate) mod store;
 pub(crate) mod sync;
 
 pub use config::{Config, Durability, IoBackend, Limits};

@@ -1,0 +1,31 @@
+//! [`Disk`]: raw, unchecked page I/O, the seam between the store's metadata logic
+//! (`paged.rs`) and a medium (a file through io_uring or pread, or the emulated disk of
+//! `fault.rs`).
+
+use std::path::Path;
+
+use super::{PageBuf, PageNo};
+use crate::error::Result;
+
+/// Positional page I/O on one medium. Request `i` covers `bufs[i].len()` bytes at byte offset
+/// `pages[i] * bufs[i].len()`, so a buffer's length picks the page size of that request
+/// (open probes a superblock with a page size other than the configured one).
+pub(crate) trait Disk: Send + Sync + 'static {
+    /// The file the medium stands for, for error messages.
+    fn path(&self) -> &Path;
+
+    /// Fills every buffer; bytes beyond the end of the medium read as zeros (so a page that
+    /// was never written fails checksum verification like any other damaged page).
+    fn read_pages(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()>;
+
+    /// Writes every buffer, extending the medium if needed.
+    fn write_pages(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()>;
+
+    /// Makes every completed write durable (`fdatasync`).
+    fn flush(&self) -> Result<()>;
+}
+
+/// Byte offset of request `page` with a buffer of `len` bytes, or `None` if it overflows.
+pub(super) fn offset(page: PageNo, len: usize) -> Option<u64> {
+    page.checked_mul(len as u64).filter(|&o| o <= i64::MAX as u64)
+}

@@ -1,0 +1,205 @@
+//! [`FileStore`]: the page store on a data file, through io_uring or `pread`/`pwrite`, with
+//! `O_DIRECT` where the file system accepts it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::disk::{self, Disk};
+use super::paged::{check_page_size, PagedStore};
+use super::{PageBuf, PageNo};
+use crate::error::{Error, Result};
+
+/// How a [`FileStore`] moves pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// io_uring, one ring per thread (Linux only).
+    IoUring,
+    /// Positional `pread`/`pwrite`, one page per system call.
+    Pread,
+}
+
+/// The page store on a data file.
+pub(crate) type FileStore = PagedStore<FileDisk>;
+
+/// A data file opened for page I/O.
+#[derive(Debug)]
+pub(crate) struct FileDisk {
+    /// The open file; closed when the store is dropped.
+    file: File,
+    /// Its path, for error messages.
+    path: PathBuf,
+    /// How pages move.
+    backend: Backend,
+    /// Whether the file is open with `O_DIRECT` (false where the file system refused it).
+    direct: bool,
+}
+
+impl FileStore {
+    /// Creates the data file at `path` (or opens an existing one) with pages of `page_size`
+    /// bytes, using `backend` for I/O.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a bad page size, a page size other than the file's, or io_uring
+    /// off Linux; `Io` if the file cannot be opened or io_uring cannot be set up;
+    /// `Corruption` if neither superblock slot is valid.
+    pub(crate) fn open(path: &Path, page_size: usize, backend: Backend) -> Result<FileStore> {
+        check_page_size(page_size)?;
+        if backend == Backend::IoUring {
+            #[cfg(target_os = "linux")]
+            super::uring::probe().map_err(|e| Error::io(path, e))?;
+            #[cfg(not(target_os = "linux"))]
+            return Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" });
+        }
+        let (file, direct) = open_file(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let disk = FileDisk { file, path: path.to_path_buf(), backend, direct };
+        if len > 0 {
+            return PagedStore::mount(disk, page_size);
+        }
+        let store = PagedStore::format(disk, page_size)?;
+        sync_parent_dir(path)?;
+        Ok(store)
+    }
+
+    /// Whether the data file is open with `O_DIRECT`.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.disk().direct
+    }
+
+    /// The data file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.disk().path
+    }
+
+    /// The backend this store uses.
+    pub(crate) fn backend(&self) -> Backend {
+        self.disk().backend
+    }
+}
+
+/// Opens (creating) `path` for reading and writing, with `O_DIRECT` if the file system takes
+/// it; tmpfs and some others reject it with `EINVAL`, and then the page cache is used.
+fn open_file(path: &Path) -> io::Result<(File, bool)> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true);
+    #[cfg(target_os = "linux")]
+    {
+        let direct = options.clone().custom_flags(libc::O_DIRECT).open(path);
+        match direct {
+            Ok(file) => return Ok((file, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    options.custom_flags(0).open(path).map(|file| (file, false))
+}
+
+/// Makes the new file's directory entry durable.
+fn sync_parent_dir(path: &Path) -> Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    File::open(parent).and_then(|d| d.sync_all()).map_err(|e| Error::io(parent, e))
+}
+
+impl FileDisk {
+    /// Byte offset of request `page` with a buffer of `len` bytes.
+    fn offset(&self, page: PageNo, len: usize) -> Result<u64> {
+        disk::offset(page, len).ok_or_else(|| {
+            Error::corruption(&self.path, Some(page), "page number beyond any file offset")
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset` with `pread`, zero-filling past the end of file.
+    fn pread(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    buf[done..].fill(0);
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a batch of `(page, buffer start, buffer length)` requests through this
+    /// thread's io_uring ring.
+    ///
+    /// # Safety
+    /// Each pointer must be valid for its length (and writable for reads) and not otherwise
+    /// accessed until this returns.
+    #[cfg(target_os = "linux")]
+    unsafe fn uring(
+        &self,
+        dir: super::uring::Dir,
+        reqs: impl Iterator<Item = (PageNo, *mut u8, usize)>,
+    ) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut ops = Vec::with_capacity(reqs.size_hint().0);
+        for (page, ptr, len) in reqs {
+            ops.push(super::uring::Op { ptr, len, offset: self.offset(page, len)?, done: 0 });
+        }
+        // SAFETY: the caller vouches for the buffers; `self.file` stays open for the call.
+        unsafe { super::uring::run(self.file.as_raw_fd(), dir, &mut ops) }
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+impl Disk for FileDisk {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_pages(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
+        match self.backend {
+            Backend::Pread => {
+                for (&page, buf) in pages.iter().zip(bufs.iter_mut()) {
+                    let offset = self.offset(page, buf.len())?;
+                    self.pread(offset, buf).map_err(|e| Error::io(&self.path, e))?;
+                }
+                Ok(())
+            }
+            #[cfg(target_os = "linux")]
+            Backend::IoUring => {
+                let reqs = pages.iter().zip(bufs.iter_mut()).map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
+                // SAFETY: `bufs` is mutably borrowed for the whole call.
+                unsafe { self.uring(super::uring::Dir::Read, reqs) }
+            }
+            #[cfg(not(target_os = "linux"))]
+            Backend::IoUring => Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" }),
+        }
+    }
+
+    fn write_pages(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()> {
+        match self.backend {
+            Backend::Pread => {
+                for (&page, buf) in pages.iter().zip(bufs) {
+                    let offset = self.offset(page, buf.len())?;
+                    self.file.write_all_at(buf, offset).map_err(|e| Error::io(&self.path, e))?;
+                }
+                Ok(())
+            }
+            #[cfg(target_os = "linux")]
+            Backend::IoUring => {
+                let reqs = pages.iter().zip(bufs).map(|(&p, b)| (p, b.as_ptr().cast_mut(), b.len()));
+                // SAFETY: `bufs` is borrowed for the whole call, and a write request only
+                // reads through its pointer, so the shared borrow suffices.
+                unsafe { self.uring(super::uring::Dir::Write, reqs) }
+            }
+            #[cfg(not(target_os = "linux"))]
+            Backend::IoUring => Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" }),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+    }
+}

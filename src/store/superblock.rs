@@ -1,0 +1,205 @@
+//! Encoding, decoding and choosing between the two superblock slots and their free-list
+//! chains (byte layout in the module docs of `store`).
+
+use super::disk::Disk;
+use super::page::{self, get_u32, get_u64, put_u32, put_u64, Kind};
+use super::{PageBuf, PageNo, FIRST_DATA_PAGE, STORE_RESERVED};
+use crate::config::{MAX_PAGE_SIZE, MIN_PAGE_SIZE};
+use crate::error::{Error, Result};
+
+/// Identifies a bfkv page-store superblock.
+const MAGIC: &[u8; 8] = b"BFKVSTOR";
+/// Version of the superblock and free-list page formats.
+const FORMAT_VERSION: u32 = 1;
+/// Where the inline free page numbers start in a superblock.
+const SB_ENTRIES: usize = 72;
+/// Where the free page numbers start in a free-list page.
+const CHAIN_ENTRIES: usize = 32;
+
+/// What one valid superblock slot says.
+#[derive(Debug, Clone)]
+pub(super) struct Superblock {
+    /// Sequence number: the slot with the higher one is newer.
+    pub(super) seq: u64,
+    /// Pages in the file, the superblock slots included.
+    pub(super) page_count: u64,
+    /// The free pages.
+    pub(super) free: Vec<PageNo>,
+    /// This slot's free-list chain, in chain order.
+    pub(super) chain: Vec<PageNo>,
+}
+
+/// Free page numbers a superblock holds inline.
+fn inline_capacity(page_size: usize) -> usize {
+    (page_size - SB_ENTRIES) / 8
+}
+
+/// Free page numbers one free-list page holds.
+fn chain_capacity(page_size: usize) -> usize {
+    (page_size - CHAIN_ENTRIES) / 8
+}
+
+/// Free-list pages needed to store `free` free page numbers.
+pub(super) fn chain_pages_needed(page_size: usize, free: usize) -> usize {
+    free.saturating_sub(inline_capacity(page_size)).div_ceil(chain_capacity(page_size))
+}
+
+/// The superblock page for slot `seq % 2` and the pages of its chain (`chain`, at least
+/// [`chain_pages_needed`] long; surplus chain pages are written empty so they stay linked
+/// and owned). Everything is stamped and ready to write.
+pub(super) fn encode(
+    page_size: usize,
+    seq: u64,
+    page_count: u64,
+    free: &[PageNo],
+    chain: &[PageNo],
+) -> (PageBuf, Vec<PageBuf>) {
+    debug_assert!(chain.len() >= chain_pages_needed(page_size, free.len()));
+    let (inline, mut rest) = free.split_at(free.len().min(inline_capacity(page_size)));
+    let mut chain_bufs = Vec::with_capacity(chain.len());
+    for (i, &p) in chain.iter().enumerate() {
+        let (here, later) = rest.split_at(rest.len().min(chain_capacity(page_size)));
+        rest = later;
+        let mut buf = PageBuf::new(page_size);
+        put_u64(&mut buf, 8, seq);
+        put_u64(&mut buf, 16, chain.get(i + 1).copied().unwrap_or(0));
+        put_u32(&mut buf, 24, here.len() as u32);
+        for (j, &f) in here.iter().enumerate() {
+            put_u64(&mut buf, CHAIN_ENTRIES + 8 * j, f);
+        }
+        page::stamp(p, Kind::FreeList, &mut buf);
+        chain_bufs.push(buf);
+    }
+    let mut sb = PageBuf::new(page_size);
+    sb[8..16].copy_from_slice(MAGIC);
+    put_u32(&mut sb, 16, FORMAT_VERSION);
+    put_u32(&mut sb, 20, page_size as u32);
+    put_u64(&mut sb, 24, seq);
+    put_u64(&mut sb, 32, page_count);
+    put_u64(&mut sb, 40, free.len() as u64);
+    put_u64(&mut sb, 48, chain.first().copied().unwrap_or(0));
+    put_u64(&mut sb, 56, chain.len() as u64);
+    put_u32(&mut sb, 64, inline.len() as u32);
+    for (j, &f) in inline.iter().enumerate() {
+        put_u64(&mut sb, SB_ENTRIES + 8 * j, f);
+    }
+    page::stamp(seq % 2, Kind::Superblock, &mut sb);
+    (sb, chain_bufs)
+}
+
+/// Reads and validates slot `slot`. The outer error is an I/O failure; the inner one says
+/// why the slot is not valid.
+fn read_slot<D: Disk>(
+    disk: &D,
+    page_size: usize,
+    slot: PageNo,
+) -> Result<Result<Superblock, &'static str>> {
+    let mut bufs = [PageBuf::new(page_size)];
+    disk.read_pages(&[slot], &mut bufs)?;
+    let sb = &bufs[0];
+    if let Err(reason) = page::verify(slot, Kind::Superblock, sb) {
+        return Ok(Err(reason));
+    }
+    if &sb[8..16] != MAGIC {
+        return Ok(Err("bad superblock magic"));
+    }
+    if get_u32(sb, 16) != FORMAT_VERSION {
+        return Ok(Err("unknown store format version"));
+    }
+    if get_u32(sb, 20) as usize != page_size {
+        return Ok(Err("superblock page size differs"));
+    }
+    let seq = get_u64(sb, 24);
+    let page_count = get_u64(sb, 32);
+    let free_total = get_u64(sb, 40);
+    let mut next = get_u64(sb, 48);
+    let chain_len = get_u64(sb, 56);
+    let inline = get_u32(sb, 64) as usize;
+    if page_count < FIRST_DATA_PAGE || seq % 2 != slot {
+        return Ok(Err("superblock header out of range"));
+    }
+    // Every listed page is distinct and inside the file, which bounds both counts.
+    if free_total.saturating_add(chain_len) > page_count || inline > inline_capacity(page_size) {
+        return Ok(Err("superblock counts out of range"));
+    }
+    let mut free: Vec<PageNo> = (0..inline).map(|j| get_u64(sb, SB_ENTRIES + 8 * j)).collect();
+    let mut chain = Vec::with_capacity(chain_len as usize);
+    let mut buf = [PageBuf::new(page_size)];
+    for _ in 0..chain_len {
+        if next < FIRST_DATA_PAGE || next >= page_count {
+            return Ok(Err("free-list chain points outside the file"));
+        }
+        disk.read_pages(&[next], &mut buf)?;
+        let cp = &buf[0];
+        if let Err(reason) = page::verify(next, Kind::FreeList, cp) {
+            return Ok(Err(reason));
+        }
+        let count = get_u32(cp, 24) as usize;
+        if get_u64(cp, 8) != seq || count > chain_capacity(page_size) {
+            return Ok(Err("free-list page does not belong to this superblock"));
+        }
+        free.extend((0..count).map(|j| get_u64(cp, CHAIN_ENTRIES + 8 * j)));
+        chain.push(next);
+        next = get_u64(cp, 16);
+    }
+    if next != 0 || free.len() as u64 != free_total {
+        return Ok(Err("free-list chain length differs from the superblock"));
+    }
+    let mut seen = free.clone();
+    seen.extend_from_slice(&chain);
+    seen.sort_unstable();
+    let distinct = seen.windows(2).all(|w| w[0] != w[1]);
+    if !distinct || seen.iter().any(|&p| p < FIRST_DATA_PAGE || p >= page_count) {
+        return Ok(Err("free list holds a page twice or outside the file"));
+    }
+    Ok(Ok(Superblock { seq, page_count, free, chain }))
+}
+
+/// What `open` found: the newest valid slot, and the chain of the other slot if it is valid
+/// too (its pages stay the store's; the next `sync` rewrites that slot).
+#[derive(Debug)]
+pub(super) struct Loaded {
+    /// The newest valid superblock.
+    pub(super) newest: Superblock,
+    /// The other slot's chain, empty if that slot is not valid.
+    pub(super) other_chain: Vec<PageNo>,
+}
+
+/// Picks the newest valid superblock slot. No valid slot is `Error::Corruption`, unless a
+/// valid superblock of another page size is there: that is `Error::InvalidConfig`.
+pub(super) fn load<D: Disk>(disk: &D, page_size: usize) -> Result<Loaded> {
+    let a = read_slot(disk, page_size, 0)?;
+    let b = read_slot(disk, page_size, 1)?;
+    let (newest, other) = match (a, b) {
+        (Ok(a), Ok(b)) if a.seq >= b.seq => (a, Some(b)),
+        (Ok(a), Ok(b)) => (b, Some(a)),
+        (Ok(a), Err(_)) => (a, None),
+        (Err(_), Ok(b)) => (b, None),
+        (Err(reason), Err(_)) => {
+            if other_page_size(disk, page_size)? {
+                return Err(Error::InvalidConfig {
+                    reason: "page size differs from the one the data file was created with",
+                });
+            }
+            return Err(Error::corruption(disk.path(), Some(0), reason));
+        }
+    };
+    let other_chain = other.map(|o| o.chain).unwrap_or_default();
+    Ok(Loaded { newest, other_chain })
+}
+
+/// Whether slot 0 or 1 holds a valid superblock written with a page size other than
+/// `page_size`.
+fn other_page_size<D: Disk>(disk: &D, page_size: usize) -> Result<bool> {
+    let mut probe = [PageBuf::new(MIN_PAGE_SIZE)];
+    disk.read_pages(&[0], &mut probe)?;
+    let claimed = get_u32(&probe[0], 20) as usize;
+    if claimed == page_size
+        || !claimed.is_power_of_two()
+        || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&claimed)
+        || claimed <= STORE_RESERVED
+    {
+        return Ok(false);
+    }
+    Ok(read_slot(disk, claimed, 0)?.is_ok() || read_slot(disk, claimed, 1)?.is_ok())
+}
