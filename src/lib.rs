@@ -16,6 +16,7 @@
 mod config;
 mod error;
 pub(crate) mod sync;
+mod pool;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
