@@ -65,8 +65,10 @@ impl BufferPool {
     /// Write-locks `pid` if nobody holds it.
     pub(crate) fn try_write(&self, pid: PageId) -> Option<WriteGuard<'_>> {
         let word = self.table.word(pid);
+        // `then`, not `then_some`: a guard built eagerly would unlock on drop a lock we failed
+        // to take.
         latch::try_lock_exclusive(word)
-            .then_some(WriteGuard { pool: self, pid, word, _not_send: PhantomData })
+            .then(|| WriteGuard { pool: self, pid, word, _not_send: PhantomData })
     }
 
     /// The payload of the block at `addr`, `size` from its header.
