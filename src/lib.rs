@@ -18,6 +18,7 @@ mod error;
 pub(crate) mod node;
 pub(crate) mod store;
 pub(crate) mod sync;
+mod pool;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};

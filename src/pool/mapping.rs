@@ -1,0 +1,117 @@
+//! The mapping table: `PageId` -> one lock-and-location word (paper §3.3).
+//!
+//! A segmented array: segment `k` holds `FIRST_SEGMENT << k` words and is allocated on first
+//! use, so the table grows without moving (or stopping) anyone holding a word. Removed ids
+//! go on a free list and are handed out again before new ones.
+
+use std::sync::OnceLock;
+
+use super::PageId;
+use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+
+/// Words in segment 0; segment `k` holds `FIRST_SEGMENT << k`.
+const FIRST_SEGMENT: u64 = 1024;
+/// Enough segments for every `u32` id: ids below `FIRST_SEGMENT * (2^23 - 1)`.
+const SEGMENTS: usize = 23;
+
+/// The table. Every word starts vacant (zero: no location, unlocked).
+pub(super) struct MappingTable {
+    /// Lazily allocated segments. `OnceLock` initialization runs no shuttle operation (it only
+    /// allocates), so it is atomic from the model checker's point of view.
+    segments: [OnceLock<Box<[AtomicU64]>>; SEGMENTS],
+    /// Ids `>= next_id` have never been handed out.
+    next_id: AtomicU32,
+    /// Removed ids, reused before new ones (not on the read path: only inserts and removals).
+    free_ids: Mutex<Vec<PageId>>,
+}
+
+impl MappingTable {
+    /// An empty table.
+    pub(super) fn new() -> MappingTable {
+        MappingTable {
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            next_id: AtomicU32::new(0),
+            free_ids: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The word of `pid`, allocating its segment if nobody has yet.
+    pub(super) fn word(&self, pid: PageId) -> &AtomicU64 {
+        let n = u64::from(pid) / FIRST_SEGMENT + 1;
+        let k = (63 - n.leading_zeros()) as usize;
+        let offset = (u64::from(pid) - FIRST_SEGMENT * ((1 << k) - 1)) as usize;
+        let segment = self.segments[k].get_or_init(|| {
+            (0..FIRST_SEGMENT << k).map(|_| AtomicU64::new(0)).collect()
+        });
+        &segment[offset]
+    }
+
+    /// An id for a new entry: a removed one if any, else a fresh one. `None` when all 2^32
+    /// ids are in use.
+    pub(super) fn take_id(&self) -> Option<PageId> {
+        if let Some(pid) = self.free_ids.lock().pop() {
+            return Some(pid);
+        }
+        let mut cur = self.next_id.load(Ordering::Relaxed);
+        loop {
+            let next = cur.checked_add(1)?;
+            match self.next_id.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(cur),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Makes `pid` available again (its word is already vacant).
+    pub(super) fn give_back(&self, pid: PageId) {
+        self.free_ids.lock().push(pid);
+    }
+
+    /// One past the largest id ever handed out.
+    pub(super) fn id_limit(&self) -> u32 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// For a table being rebuilt: ids below `limit` are taken, except `free` ones.
+    pub(super) fn set_ids(&self, limit: u32, mut free: Vec<PageId>) {
+        // Reused in ascending order: lower ids keep the table dense.
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        self.next_id.store(limit, Ordering::Relaxed);
+        *self.free_ids.lock() = free;
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_every_id_once() {
+        let t = MappingTable::new();
+        let mut seen = std::collections::HashSet::new();
+        for pid in 0..5000 {
+            let w = t.word(pid) as *const AtomicU64 as usize;
+            assert!(seen.insert(w), "two ids share a word: {pid}");
+        }
+        // The last id lands in the last segment, inside it.
+        let n = u64::from(u32::MAX) / FIRST_SEGMENT + 1;
+        let k = (63 - n.leading_zeros()) as usize;
+        assert!(k < SEGMENTS);
+        assert!(u64::from(u32::MAX) - FIRST_SEGMENT * ((1 << k) - 1) < FIRST_SEGMENT << k);
+    }
+
+    #[test]
+    fn ids_are_reused() {
+        let t = MappingTable::new();
+        assert_eq!(t.take_id(), Some(0));
+        assert_eq!(t.take_id(), Some(1));
+        t.give_back(0);
+        assert_eq!(t.take_id(), Some(0));
+        assert_eq!(t.take_id(), Some(2));
+        t.set_ids(10, vec![7, 3]);
+        assert_eq!(t.take_id(), Some(3));
+        assert_eq!(t.take_id(), Some(7));
+        assert_eq!(t.take_id(), Some(10));
+        assert_eq!(t.id_limit(), 11);
+    }
+}
