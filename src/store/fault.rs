@@ -266,8 +266,8 @@ impl FaultStore {
         let mut bytes = vec![0; size];
         state.read_at(size, offset, &mut bytes);
         f(&mut bytes);
-        if state.cache.contains_key(&offset) {
-            state.cache.insert(offset, bytes);
+        if let Some(cached) = state.cache.get_mut(&offset) {
+            *cached = bytes;
         } else {
             state.persist(offset, &bytes);
         }

@@ -17,13 +17,16 @@ const SHARDS: usize = 64;
 /// The name used for the store's "file" in errors.
 const MEM_PATH: &str = ":memory:";
 
+/// One lock shard: its pages' bytes by index, `None` until written.
+type Shard = Mutex<Vec<Option<Box<[u8]>>>>;
+
 /// A page store held in memory.
 #[derive(Debug)]
 pub(crate) struct MemStore {
     /// Bytes per page.
     page_size: usize,
     /// Page `p` is `shards[p % SHARDS][p / SHARDS]`; `None` until written.
-    shards: Box<[Mutex<Vec<Option<Box<[u8]>>>>]>,
+    shards: Box<[Shard]>,
     /// Free list and page count.
     alloc: Mutex<Allocator>,
     /// Copy of the page count for lock-free bounds checks.
