@@ -63,7 +63,10 @@ pub struct Config {
 impl Config {
     /// A tree stored in directory `dir` (created if absent), with default settings.
     pub fn new(dir: impl AsRef<Path>) -> Self {
-        Config { dir: Some(dir.as_ref().to_path_buf()), ..Self::in_memory() }
+        Config {
+            dir: Some(dir.as_ref().to_path_buf()),
+            ..Self::in_memory()
+        }
     }
 
     /// A tree with no files: the cache is the whole store, and writes beyond it fail with
@@ -203,11 +206,17 @@ impl Limits {
     /// the record limit after this key).
     pub fn check(&self, key: &[u8], value: &[u8]) -> Result<()> {
         if key.len() > self.max_key_len {
-            return Err(Error::KeyTooLarge { len: key.len(), limit: self.max_key_len });
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                limit: self.max_key_len,
+            });
         }
         let limit = self.max_record_len - key.len();
         if value.len() > limit {
-            return Err(Error::ValueTooLarge { len: value.len(), limit });
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                limit,
+            });
         }
         Ok(())
     }
@@ -235,7 +244,10 @@ mod tests {
             Config::in_memory().merge_threshold(8),
             Config::in_memory().merge_threshold(8192),
         ] {
-            assert!(matches!(c.validate(), Err(Error::InvalidConfig { .. })), "{c:?}");
+            assert!(
+                matches!(c.validate(), Err(Error::InvalidConfig { .. })),
+                "{c:?}"
+            );
         }
     }
 
@@ -255,11 +267,17 @@ mod tests {
         l.check(&[0; 1024], &[0; 1024]).unwrap();
         assert!(matches!(
             l.check(&[0; 1025], &[]),
-            Err(Error::KeyTooLarge { len: 1025, limit: 1024 })
+            Err(Error::KeyTooLarge {
+                len: 1025,
+                limit: 1024
+            })
         ));
         assert!(matches!(
             l.check(&[0; 1000], &[0; 1049]),
-            Err(Error::ValueTooLarge { len: 1049, limit: 1048 })
+            Err(Error::ValueTooLarge {
+                len: 1049,
+                limit: 1048
+            })
         ));
     }
 }

@@ -66,7 +66,10 @@ pub enum Error {
 impl Error {
     /// Wraps an I/O error with the path it concerns.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// A corruption error about `file`, optionally at `page`.
@@ -75,7 +78,11 @@ impl Error {
         page: Option<u64>,
         reason: &'static str,
     ) -> Self {
-        Error::Corruption { file: file.into(), page, reason }
+        Error::Corruption {
+            file: file.into(),
+            page,
+            reason,
+        }
     }
 }
 
@@ -84,15 +91,33 @@ impl fmt::Display for Error {
         match self {
             Error::Io { path, source } => write!(f, "I/O error on {}: {source}", path.display()),
             Error::KeyTooLarge { len, limit } => {
-                write!(f, "key of {len} bytes is larger than the limit of {limit} bytes")
+                write!(
+                    f,
+                    "key of {len} bytes is larger than the limit of {limit} bytes"
+                )
             }
             Error::ValueTooLarge { len, limit } => {
-                write!(f, "value of {len} bytes is larger than the limit of {limit} bytes")
+                write!(
+                    f,
+                    "value of {len} bytes is larger than the limit of {limit} bytes"
+                )
             }
-            Error::Corruption { file, page: Some(page), reason } => {
-                write!(f, "corruption in {} at page {page}: {reason}", file.display())
+            Error::Corruption {
+                file,
+                page: Some(page),
+                reason,
+            } => {
+                write!(
+                    f,
+                    "corruption in {} at page {page}: {reason}",
+                    file.display()
+                )
             }
-            Error::Corruption { file, page: None, reason } => {
+            Error::Corruption {
+                file,
+                page: None,
+                reason,
+            } => {
                 write!(f, "corruption in {}: {reason}", file.display())
             }
             Error::Locked { path } => write!(
@@ -131,10 +156,16 @@ mod tests {
         assert!(e.source().is_some());
 
         let e = Error::corruption("data", Some(7), "checksum mismatch");
-        assert_eq!(e.to_string(), "corruption in data at page 7: checksum mismatch");
+        assert_eq!(
+            e.to_string(),
+            "corruption in data at page 7: checksum mismatch"
+        );
         assert!(e.source().is_none());
 
-        let e = Error::KeyTooLarge { len: 2000, limit: 1024 };
+        let e = Error::KeyTooLarge {
+            len: 2000,
+            limit: 1024,
+        };
         assert!(e.to_string().contains("2000") && e.to_string().contains("1024"));
     }
 

@@ -28,6 +28,98 @@ pub use error::{Error, Result};
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
+    use std::path::Path;
+
+    use crate::error::Result;
+    use crate::store::{Backend, FileStore, PageBuf, PageStore, FIRST_DATA_PAGE};
+
+    /// A file page store with its own page buffers, for the store benchmark.
+    #[derive(Debug)]
+    pub struct StoreBench {
+        /// The store.
+        store: FileStore,
+        /// One buffer per request of the largest batch so far.
+        bufs: Vec<PageBuf>,
+    }
+
+    impl StoreBench {
+        /// Opens (or creates) the data file at `path`; `io_uring` picks the backend.
+        ///
+        /// # Errors
+        /// As `FileStore::open`.
+        pub fn open(path: &Path, page_size: usize, io_uring: bool) -> Result<StoreBench> {
+            let backend = if io_uring {
+                Backend::IoUring
+            } else {
+                Backend::Pread
+            };
+            Ok(StoreBench {
+                store: FileStore::open(path, page_size, backend)?,
+                bufs: Vec::new(),
+            })
+        }
+
+        /// Whether the file is open with `O_DIRECT`.
+        pub fn is_direct(&self) -> bool {
+            self.store.is_direct()
+        }
+
+        /// The data pages are `first_page()..first_page() + data_pages()`.
+        pub fn first_page(&self) -> u64 {
+            FIRST_DATA_PAGE
+        }
+
+        /// Data pages the file holds.
+        pub fn data_pages(&self) -> u64 {
+            self.store.stats().file_pages - FIRST_DATA_PAGE
+        }
+
+        /// Allocates and writes pages (in batches of `batch`) until the file holds `pages`
+        /// data pages, then syncs.
+        ///
+        /// # Errors
+        /// Any store error.
+        pub fn fill(&mut self, pages: u64, batch: usize) -> Result<()> {
+            let size = self.store.page_size();
+            while self.data_pages() < pages {
+                let n = batch.min((pages - self.data_pages()) as usize);
+                let nos = (0..n)
+                    .map(|_| self.store.allocate())
+                    .collect::<Result<Vec<_>>>()?;
+                let mut bufs: Vec<PageBuf> = nos
+                    .iter()
+                    .map(|&p| {
+                        let mut b = PageBuf::new(size);
+                        b[crate::store::STORE_RESERVED..].fill(p as u8);
+                        b
+                    })
+                    .collect();
+                self.store.write_batch(&nos, &mut bufs)?;
+            }
+            self.store.sync()
+        }
+
+        /// Reads `pages` as one batch (checksums verified).
+        ///
+        /// # Errors
+        /// Any store error.
+        pub fn read_batch(&mut self, pages: &[u64]) -> Result<()> {
+            let size = self.store.page_size();
+            while self.bufs.len() < pages.len() {
+                self.bufs.push(PageBuf::new(size));
+            }
+            self.store.read_batch(pages, &mut self.bufs[..pages.len()])
+        }
+
+        /// Reads one page (checksum verified).
+        ///
+        /// # Errors
+        /// Any store error.
+        pub fn read(&mut self, page: u64) -> Result<()> {
+            self.read_batch(&[page])
+        }
+    }
+
     /// Fuzz entry for the node layout: decodes `data` as a node page and, if it validates,
     /// checks search, bounds and iteration against a linear scan (panics on disagreement).
     pub fn node_decode_check(data: &[u8]) {

@@ -5,7 +5,9 @@
 //! directly for state shared between threads.
 
 #[cfg(not(feature = "shuttle"))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
+};
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(feature = "shuttle"))]
@@ -13,7 +15,9 @@ pub(crate) use std::sync::Arc;
 pub(crate) use std::thread;
 
 #[cfg(feature = "shuttle")]
-pub(crate) use shuttle::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use shuttle::sync::atomic::{
+    fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
+};
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::sync::Arc;
 #[cfg(feature = "shuttle")]
@@ -40,7 +44,9 @@ pub(crate) type MutexGuard<'a, T> = shuttle::sync::MutexGuard<'a, T>;
 
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
-        Mutex { inner: Self::make(value) }
+        Mutex {
+            inner: Self::make(value),
+        }
     }
 
     #[cfg(not(feature = "shuttle"))]

@@ -53,7 +53,9 @@ impl Allocator {
     /// Whether `page` is a free page.
     fn is_free(&self, page: PageNo) -> bool {
         let (word, bit) = ((page / 64) as usize, page % 64);
-        self.free_bits.get(word).is_some_and(|w| w & (1 << bit) != 0)
+        self.free_bits
+            .get(word)
+            .is_some_and(|w| w & (1 << bit) != 0)
     }
 
     /// Sets or clears the free bit of `page`.
@@ -83,9 +85,23 @@ impl Allocator {
         Some(self.page_count - 1)
     }
 
-    /// Allocates a page for the store's own use (a free-list chain page).
-    pub(super) fn allocate_owned(&mut self) -> Option<PageNo> {
-        let page = self.allocate()?;
+    /// Allocates a page for the store's own use (a free-list chain page): a free page that
+    /// `durable_free` also lists as free, else a new page at the end. Never a page that
+    /// is free now but in use in the durable state: a crash before the next superblock
+    /// lands would bring that page's old contents back into use.
+    pub(super) fn allocate_owned(&mut self, durable_free: &FreeSet) -> Option<PageNo> {
+        let page = match self.free.iter().rposition(|&p| durable_free.contains(p)) {
+            Some(i) => {
+                let page = self.free.swap_remove(i);
+                self.set_bit(page, false);
+                page
+            }
+            None if self.page_count < MAX_PAGES => {
+                self.page_count += 1;
+                self.page_count - 1
+            }
+            None => return None,
+        };
         self.owned.insert(page);
         Some(page)
     }
@@ -129,13 +145,17 @@ impl Allocator {
     /// reserved page, a page beyond the end, a duplicate) nothing changes and the offending
     /// page is returned with the reason.
     pub(super) fn set_free(&mut self, pages: Vec<PageNo>) -> Result<(), (PageNo, &'static str)> {
-        let mut next = Allocator { free: Vec::with_capacity(pages.len()), ..self.clone() };
+        let mut next = Allocator {
+            free: Vec::with_capacity(pages.len()),
+            ..self.clone()
+        };
         next.free_bits.clear();
         for page in pages {
             if self.owned.contains(&page) {
                 continue;
             }
-            next.check_data_page(page).map_err(|reason| (page, reason))?;
+            next.check_data_page(page)
+                .map_err(|reason| (page, reason))?;
             if next.is_free(page) {
                 return Err((page, "page listed twice in the free set"));
             }
@@ -146,6 +166,35 @@ impl Allocator {
         next.free.sort_unstable_by(|a, b| b.cmp(a));
         *self = next;
         Ok(())
+    }
+}
+
+/// A set of page numbers as a bitmap (the free set of the durable superblock).
+#[derive(Debug, Clone, Default)]
+pub(super) struct FreeSet {
+    /// Bit `p % 64` of word `p / 64` is set when page `p` is in the set.
+    bits: Vec<u64>,
+}
+
+impl FreeSet {
+    /// The set of `pages`.
+    pub(super) fn of(pages: &[PageNo]) -> FreeSet {
+        let mut bits = Vec::new();
+        for &p in pages {
+            let word = (p / 64) as usize;
+            if word >= bits.len() {
+                bits.resize(word + 1, 0);
+            }
+            bits[word] |= 1 << (p % 64);
+        }
+        FreeSet { bits }
+    }
+
+    /// Whether `page` is in the set.
+    pub(super) fn contains(&self, page: PageNo) -> bool {
+        self.bits
+            .get((page / 64) as usize)
+            .is_some_and(|w| w & (1 << (page % 64)) != 0)
     }
 }
 
@@ -170,14 +219,28 @@ mod tests {
     #[test]
     fn set_free_validates_and_skips_owned_pages() {
         let mut a = Allocator::new(10);
-        let owned = a.allocate_owned().unwrap();
+        let owned = a.allocate_owned(&FreeSet::default()).unwrap();
         assert_eq!(owned, 10);
         assert!(a.set_free(vec![3, 3]).is_err());
         assert!(a.set_free(vec![3, 11]).is_err());
         assert!(a.set_free(vec![1]).is_err());
         assert_eq!(a.free_list(), &[] as &[PageNo]);
         a.set_free(vec![5, 3, owned, 9]).unwrap();
-        assert_eq!([a.allocate(), a.allocate(), a.allocate()], [Some(3), Some(5), Some(9)]);
+        assert_eq!(
+            [a.allocate(), a.allocate(), a.allocate()],
+            [Some(3), Some(5), Some(9)]
+        );
         assert_eq!(a.free(owned), Err("page holds the store's free list"));
+    }
+
+    #[test]
+    fn owned_pages_come_only_from_durably_free_pages() {
+        let mut a = Allocator::new(10);
+        a.set_free(vec![4, 5, 6]).unwrap();
+        assert_eq!(a.allocate_owned(&FreeSet::of(&[5, 9])), Some(5));
+        assert_eq!(a.allocate_owned(&FreeSet::of(&[5, 9])), Some(10));
+        assert_eq!(a.page_count(), 11);
+        assert_eq!(a.free_list().len(), 2);
+        assert_eq!(a.allocated(), 11 - 2 - 2 - 2);
     }
 }

@@ -30,8 +30,13 @@ impl PageBuf {
         let layout = Self::layout(page_size);
         // SAFETY: the layout has a non-zero size (at least 1, see `layout`).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-        PageBuf { ptr, len: page_size }
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        PageBuf {
+            ptr,
+            len: page_size,
+        }
     }
 
     /// The allocation layout for a buffer of `len` bytes: never zero-sized, since allocating
@@ -87,6 +92,8 @@ impl Clone for PageBuf {
 
 impl std::fmt::Debug for PageBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PageBuf").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("PageBuf")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
     }
 }

@@ -27,5 +27,6 @@ pub(crate) trait Disk: Send + Sync + 'static {
 
 /// Byte offset of request `page` with a buffer of `len` bytes, or `None` if it overflows.
 pub(super) fn offset(page: PageNo, len: usize) -> Option<u64> {
-    page.checked_mul(len as u64).filter(|&o| o <= i64::MAX as u64)
+    page.checked_mul(len as u64)
+        .filter(|&o| o <= i64::MAX as u64)
 }

@@ -102,7 +102,10 @@ impl FaultDisk {
     fn with_image(page_size: usize, durable: Vec<u8>) -> FaultDisk {
         FaultDisk {
             page_size,
-            state: Mutex::new(DiskState { durable, ..DiskState::default() }),
+            state: Mutex::new(DiskState {
+                durable,
+                ..DiskState::default()
+            }),
             path: PathBuf::from(FAULT_PATH),
         }
     }
@@ -111,7 +114,9 @@ impl FaultDisk {
     fn offset(page: PageNo, len: usize) -> Result<u64> {
         disk::offset(page, len)
             .filter(|&o| o <= u32::MAX as u64 * 4096)
-            .ok_or_else(|| Error::corruption(FAULT_PATH, Some(page), "page beyond the emulated disk"))
+            .ok_or_else(|| {
+                Error::corruption(FAULT_PATH, Some(page), "page beyond the emulated disk")
+            })
     }
 }
 
@@ -207,7 +212,10 @@ impl FaultStore {
 
     /// Why this store's disk image could not be opened, if it could not.
     pub(crate) fn open_error(&self) -> Option<Error> {
-        self.store.as_ref().err().map(|&(page, reason)| Error::corruption(FAULT_PATH, page, reason))
+        self.store
+            .as_ref()
+            .err()
+            .map(|&(page, reason)| Error::corruption(FAULT_PATH, page, reason))
     }
 
     /// The `n`-th page write from now (1 = the next) fails with EIO, once.
@@ -258,8 +266,8 @@ impl FaultStore {
         let mut bytes = vec![0; size];
         state.read_at(size, offset, &mut bytes);
         f(&mut bytes);
-        if state.cache.contains_key(&offset) {
-            state.cache.insert(offset, bytes);
+        if let Some(cached) = state.cache.get_mut(&offset) {
+            *cached = bytes;
         } else {
             state.persist(offset, &bytes);
         }

@@ -50,11 +50,18 @@ impl FileStore {
             #[cfg(target_os = "linux")]
             super::uring::probe().map_err(|e| Error::io(path, e))?;
             #[cfg(not(target_os = "linux"))]
-            return Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" });
+            return Err(Error::InvalidConfig {
+                reason: "io_uring is only available on Linux",
+            });
         }
         let (file, direct) = open_file(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        let disk = FileDisk { file, path: path.to_path_buf(), backend, direct };
+        let disk = FileDisk {
+            file,
+            path: path.to_path_buf(),
+            backend,
+            direct,
+        };
         if len > 0 {
             return PagedStore::mount(disk, page_size);
         }
@@ -102,7 +109,9 @@ fn sync_parent_dir(path: &Path) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    File::open(parent).and_then(|d| d.sync_all()).map_err(|e| Error::io(parent, e))
+    File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(parent, e))
 }
 
 impl FileDisk {
@@ -145,7 +154,12 @@ impl FileDisk {
         use std::os::fd::AsRawFd;
         let mut ops = Vec::with_capacity(reqs.size_hint().0);
         for (page, ptr, len) in reqs {
-            ops.push(super::uring::Op { ptr, len, offset: self.offset(page, len)?, done: 0 });
+            ops.push(super::uring::Op {
+                ptr,
+                len,
+                offset: self.offset(page, len)?,
+                done: 0,
+            });
         }
         // SAFETY: the caller vouches for the buffers; `self.file` stays open for the call.
         unsafe { super::uring::run(self.file.as_raw_fd(), dir, &mut ops) }
@@ -163,18 +177,24 @@ impl Disk for FileDisk {
             Backend::Pread => {
                 for (&page, buf) in pages.iter().zip(bufs.iter_mut()) {
                     let offset = self.offset(page, buf.len())?;
-                    self.pread(offset, buf).map_err(|e| Error::io(&self.path, e))?;
+                    self.pread(offset, buf)
+                        .map_err(|e| Error::io(&self.path, e))?;
                 }
                 Ok(())
             }
             #[cfg(target_os = "linux")]
             Backend::IoUring => {
-                let reqs = pages.iter().zip(bufs.iter_mut()).map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
+                let reqs = pages
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
                 // SAFETY: `bufs` is mutably borrowed for the whole call.
                 unsafe { self.uring(super::uring::Dir::Read, reqs) }
             }
             #[cfg(not(target_os = "linux"))]
-            Backend::IoUring => Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" }),
+            Backend::IoUring => Err(Error::InvalidConfig {
+                reason: "io_uring is only available on Linux",
+            }),
         }
     }
 
@@ -183,19 +203,26 @@ impl Disk for FileDisk {
             Backend::Pread => {
                 for (&page, buf) in pages.iter().zip(bufs) {
                     let offset = self.offset(page, buf.len())?;
-                    self.file.write_all_at(buf, offset).map_err(|e| Error::io(&self.path, e))?;
+                    self.file
+                        .write_all_at(buf, offset)
+                        .map_err(|e| Error::io(&self.path, e))?;
                 }
                 Ok(())
             }
             #[cfg(target_os = "linux")]
             Backend::IoUring => {
-                let reqs = pages.iter().zip(bufs).map(|(&p, b)| (p, b.as_ptr().cast_mut(), b.len()));
+                let reqs = pages
+                    .iter()
+                    .zip(bufs)
+                    .map(|(&p, b)| (p, b.as_ptr().cast_mut(), b.len()));
                 // SAFETY: `bufs` is borrowed for the whole call, and a write request only
                 // reads through its pointer, so the shared borrow suffices.
                 unsafe { self.uring(super::uring::Dir::Write, reqs) }
             }
             #[cfg(not(target_os = "linux"))]
-            Backend::IoUring => Err(Error::InvalidConfig { reason: "io_uring is only available on Linux" }),
+            Backend::IoUring => Err(Error::InvalidConfig {
+                reason: "io_uring is only available on Linux",
+            }),
         }
     }
 

@@ -17,13 +17,16 @@ const SHARDS: usize = 64;
 /// The name used for the store's "file" in errors.
 const MEM_PATH: &str = ":memory:";
 
+/// One lock shard: its pages' bytes by index, `None` until written.
+type Shard = Mutex<Vec<Option<Box<[u8]>>>>;
+
 /// A page store held in memory.
 #[derive(Debug)]
 pub(crate) struct MemStore {
     /// Bytes per page.
     page_size: usize,
     /// Page `p` is `shards[p % SHARDS][p / SHARDS]`; `None` until written.
-    shards: Box<[Mutex<Vec<Option<Box<[u8]>>>>]>,
+    shards: Box<[Shard]>,
     /// Free list and page count.
     alloc: Mutex<Allocator>,
     /// Copy of the page count for lock-free bounds checks.
@@ -70,7 +73,9 @@ impl MemStore {
     #[cfg(test)]
     pub(crate) fn raw_page(&self, page: PageNo, f: impl FnOnce(&mut [u8])) {
         let size = self.page_size;
-        self.with_page(page, |slot| f(slot.get_or_insert_with(|| vec![0; size].into())));
+        self.with_page(page, |slot| {
+            f(slot.get_or_insert_with(|| vec![0; size].into()))
+        });
     }
 
     /// Reads and verifies one page.
@@ -113,16 +118,26 @@ impl PageStore for MemStore {
 
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         if pages.len() != bufs.len() {
-            return Err(Error::InvalidConfig { reason: "read_batch needs one buffer per page" });
+            return Err(Error::InvalidConfig {
+                reason: "read_batch needs one buffer per page",
+            });
         }
-        pages.iter().zip(bufs).try_for_each(|(&p, buf)| self.read_one(p, buf))
+        pages
+            .iter()
+            .zip(bufs)
+            .try_for_each(|(&p, buf)| self.read_one(p, buf))
     }
 
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         if pages.len() != bufs.len() {
-            return Err(Error::InvalidConfig { reason: "write_batch needs one buffer per page" });
+            return Err(Error::InvalidConfig {
+                reason: "write_batch needs one buffer per page",
+            });
         }
-        pages.iter().zip(bufs).try_for_each(|(&p, buf)| self.write_one(p, buf))
+        pages
+            .iter()
+            .zip(bufs)
+            .try_for_each(|(&p, buf)| self.write_one(p, buf))
     }
 
     fn sync(&self) -> Result<()> {
@@ -133,16 +148,18 @@ impl PageStore for MemStore {
 
     fn allocate(&self) -> Result<PageNo> {
         let mut alloc = self.alloc.lock();
-        let page = alloc.allocate().ok_or_else(|| {
-            Error::io(MEM_PATH, std::io::Error::from_raw_os_error(libc::EFBIG))
-        })?;
+        let page = alloc
+            .allocate()
+            .ok_or_else(|| Error::io(MEM_PATH, std::io::Error::from_raw_os_error(libc::EFBIG)))?;
         self.page_count.store(alloc.page_count(), Ordering::Release);
         Ok(page)
     }
 
     fn free(&self, page: PageNo) -> Result<()> {
         let mut alloc = self.alloc.lock();
-        alloc.free(page).map_err(|reason| Error::corruption(MEM_PATH, Some(page), reason))?;
+        alloc
+            .free(page)
+            .map_err(|reason| Error::corruption(MEM_PATH, Some(page), reason))?;
         // The bytes of a free page are dead; dropping them returns the memory. Still under
         // the allocator lock, so no one can have reallocated and rewritten the page yet.
         self.with_page(page, |slot| *slot = None);

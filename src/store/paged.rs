@@ -4,7 +4,7 @@
 use std::io;
 use std::path::Path;
 
-use super::alloc::Allocator;
+use super::alloc::{Allocator, FreeSet};
 use super::disk::Disk;
 use super::page::{self, Kind};
 use super::superblock::{self, Superblock};
@@ -22,6 +22,9 @@ struct Meta {
     seq: u64,
     /// Free-list chain pages owned by each superblock slot.
     chains: [Vec<PageNo>; 2],
+    /// The free pages of the newest durable superblock: the only existing pages the store
+    /// may take for its own chains.
+    durable_free: FreeSet,
 }
 
 /// A page store over the medium `D`.
@@ -66,13 +69,23 @@ pub(super) fn check_access(
     len: usize,
 ) -> Result<()> {
     if len != page_size {
-        return Err(Error::InvalidConfig { reason: "page buffer length differs from the page size" });
+        return Err(Error::InvalidConfig {
+            reason: "page buffer length differs from the page size",
+        });
     }
     if page < FIRST_DATA_PAGE {
-        return Err(Error::corruption(path, Some(page), "page is a superblock slot, reserved by the store"));
+        return Err(Error::corruption(
+            path,
+            Some(page),
+            "page is a superblock slot, reserved by the store",
+        ));
     }
     if page >= page_count {
-        return Err(Error::corruption(path, Some(page), "page is beyond the end of the file"));
+        return Err(Error::corruption(
+            path,
+            Some(page),
+            "page is beyond the end of the file",
+        ));
     }
     Ok(())
 }
@@ -80,7 +93,12 @@ pub(super) fn check_access(
 impl<D: Disk> PagedStore<D> {
     /// A new, empty store on `disk`: writes and syncs the first superblock.
     pub(super) fn format(disk: D, page_size: usize) -> Result<Self> {
-        let meta = Meta { alloc: Allocator::new(FIRST_DATA_PAGE), seq: 0, chains: [vec![], vec![]] };
+        let meta = Meta {
+            alloc: Allocator::new(FIRST_DATA_PAGE),
+            seq: 0,
+            chains: [vec![], vec![]],
+            durable_free: FreeSet::default(),
+        };
         let store = Self::with_meta(disk, page_size, meta);
         store.sync()?;
         store.syncs.store(0, Ordering::Relaxed);
@@ -90,12 +108,22 @@ impl<D: Disk> PagedStore<D> {
     /// Opens the store on `disk` from its newest valid superblock.
     pub(super) fn mount(disk: D, page_size: usize) -> Result<Self> {
         let loaded = superblock::load(&disk, page_size)?;
-        let Superblock { seq, page_count, free, chain } = loaded.newest;
+        let Superblock {
+            seq,
+            page_count,
+            free,
+            chain,
+        } = loaded.newest;
         let mut alloc = Allocator::new(page_count);
+        let durable_free = FreeSet::of(&free);
         // Both chains are the store's. Should the newest free list name a page of the older
         // slot's chain (it cannot, unless damaged), `set_free` skips it: a leak, never a
         // page handed out twice.
-        let other: Vec<PageNo> = loaded.other_chain.into_iter().filter(|&p| p < page_count).collect();
+        let other: Vec<PageNo> = loaded
+            .other_chain
+            .into_iter()
+            .filter(|&p| p < page_count)
+            .collect();
         for &p in chain.iter().chain(&other) {
             alloc.mark_owned(p);
         }
@@ -105,7 +133,16 @@ impl<D: Disk> PagedStore<D> {
         let mut chains = [Vec::new(), Vec::new()];
         chains[(seq % 2) as usize] = chain;
         chains[((seq + 1) % 2) as usize] = other;
-        Ok(Self::with_meta(disk, page_size, Meta { alloc, seq, chains }))
+        Ok(Self::with_meta(
+            disk,
+            page_size,
+            Meta {
+                alloc,
+                seq,
+                chains,
+                durable_free,
+            },
+        ))
     }
 
     /// Assembles a store around its parts.
@@ -174,7 +211,9 @@ impl<D: Disk> PageStore for PagedStore<D> {
 
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         if pages.len() != bufs.len() {
-            return Err(Error::InvalidConfig { reason: "read_batch needs one buffer per page" });
+            return Err(Error::InvalidConfig {
+                reason: "read_batch needs one buffer per page",
+            });
         }
         for (&p, buf) in pages.iter().zip(bufs.iter()) {
             self.check(p, buf.len())?;
@@ -186,7 +225,9 @@ impl<D: Disk> PageStore for PagedStore<D> {
 
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         if pages.len() != bufs.len() {
-            return Err(Error::InvalidConfig { reason: "write_batch needs one buffer per page" });
+            return Err(Error::InvalidConfig {
+                reason: "write_batch needs one buffer per page",
+            });
         }
         for (&p, buf) in pages.iter().zip(bufs.iter_mut()) {
             self.check(p, buf.len())?;
@@ -208,37 +249,63 @@ impl<D: Disk> PageStore for PagedStore<D> {
             while meta.chains[slot].len()
                 < superblock::chain_pages_needed(self.page_size, meta.alloc.free_list().len())
             {
-                let page = meta.alloc.allocate_owned().ok_or_else(|| self.file_too_large())?;
+                let Meta {
+                    alloc,
+                    durable_free,
+                    ..
+                } = &mut *meta;
+                let page = alloc
+                    .allocate_owned(durable_free)
+                    .ok_or_else(|| self.file_too_large())?;
                 meta.chains[slot].push(page);
             }
-            self.page_count.store(meta.alloc.page_count(), Ordering::Release);
+            self.page_count
+                .store(meta.alloc.page_count(), Ordering::Release);
             let free = meta.alloc.free_list().to_vec();
-            (seq, meta.alloc.page_count(), free, meta.chains[slot].clone())
+            (
+                seq,
+                meta.alloc.page_count(),
+                free,
+                meta.chains[slot].clone(),
+            )
         };
         let (sb, chain_bufs) = superblock::encode(self.page_size, seq, page_count, &free, &chain);
         // Data and this slot's chain first; the superblock that makes them current last, so
         // a crash at any point leaves one complete, valid slot.
         self.disk.write_pages(&chain, &chain_bufs)?;
         self.disk.flush()?;
-        self.disk.write_pages(&[seq % 2], std::slice::from_ref(&sb))?;
+        self.disk
+            .write_pages(&[seq % 2], std::slice::from_ref(&sb))?;
         self.disk.flush()?;
-        self.meta.lock().seq = seq;
+        let durable_free = FreeSet::of(&free);
+        let mut meta = self.meta.lock();
+        meta.seq = seq;
+        meta.durable_free = durable_free;
         Ok(())
     }
 
     fn allocate(&self) -> Result<PageNo> {
         let mut meta = self.meta.lock();
         let page = meta.alloc.allocate().ok_or_else(|| self.file_too_large())?;
-        self.page_count.store(meta.alloc.page_count(), Ordering::Release);
+        self.page_count
+            .store(meta.alloc.page_count(), Ordering::Release);
         Ok(page)
     }
 
     fn free(&self, page: PageNo) -> Result<()> {
-        self.meta.lock().alloc.free(page).map_err(|reason| self.corrupt(page, reason))
+        self.meta
+            .lock()
+            .alloc
+            .free(page)
+            .map_err(|reason| self.corrupt(page, reason))
     }
 
     fn set_free_pages(&self, free: Vec<PageNo>) -> Result<()> {
-        self.meta.lock().alloc.set_free(free).map_err(|(p, reason)| self.corrupt(p, reason))
+        self.meta
+            .lock()
+            .alloc
+            .set_free(free)
+            .map_err(|(p, reason)| self.corrupt(p, reason))
     }
 
     fn stats(&self) -> StoreStats {

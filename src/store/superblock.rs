@@ -41,7 +41,8 @@ fn chain_capacity(page_size: usize) -> usize {
 
 /// Free-list pages needed to store `free` free page numbers.
 pub(super) fn chain_pages_needed(page_size: usize, free: usize) -> usize {
-    free.saturating_sub(inline_capacity(page_size)).div_ceil(chain_capacity(page_size))
+    free.saturating_sub(inline_capacity(page_size))
+        .div_ceil(chain_capacity(page_size))
 }
 
 /// The superblock page for slot `seq % 2` and the pages of its chain (`chain`, at least
@@ -122,7 +123,9 @@ fn read_slot<D: Disk>(
     if free_total.saturating_add(chain_len) > page_count || inline > inline_capacity(page_size) {
         return Ok(Err("superblock counts out of range"));
     }
-    let mut free: Vec<PageNo> = (0..inline).map(|j| get_u64(sb, SB_ENTRIES + 8 * j)).collect();
+    let mut free: Vec<PageNo> = (0..inline)
+        .map(|j| get_u64(sb, SB_ENTRIES + 8 * j))
+        .collect();
     let mut chain = Vec::with_capacity(chain_len as usize);
     let mut buf = [PageBuf::new(page_size)];
     for _ in 0..chain_len {
@@ -152,7 +155,12 @@ fn read_slot<D: Disk>(
     if !distinct || seen.iter().any(|&p| p < FIRST_DATA_PAGE || p >= page_count) {
         return Ok(Err("free list holds a page twice or outside the file"));
     }
-    Ok(Ok(Superblock { seq, page_count, free, chain }))
+    Ok(Ok(Superblock {
+        seq,
+        page_count,
+        free,
+        chain,
+    }))
 }
 
 /// What `open` found: the newest valid slot, and the chain of the other slot if it is valid
@@ -185,7 +193,10 @@ pub(super) fn load<D: Disk>(disk: &D, page_size: usize) -> Result<Loaded> {
         }
     };
     let other_chain = other.map(|o| o.chain).unwrap_or_default();
-    Ok(Loaded { newest, other_chain })
+    Ok(Loaded {
+        newest,
+        other_chain,
+    })
 }
 
 /// Whether slot 0 or 1 holds a valid superblock written with a page size other than

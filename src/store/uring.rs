@@ -62,7 +62,10 @@ fn with_ring<R>(f: impl FnOnce(&mut Ring) -> io::Result<R>) -> io::Result<R> {
             .map_err(|_| io::Error::other("this thread's io_uring ring is already in use"))?;
         let ring = match slot.as_mut() {
             Some(ring) => ring,
-            None => slot.insert(Ring { ring: IoUring::new(RING_ENTRIES)?, next_id: 0 }),
+            None => slot.insert(Ring {
+                ring: IoUring::new(RING_ENTRIES)?,
+                next_id: 0,
+            }),
         };
         let result = f(ring);
         if matches!(&result, Err(e) if e.kind() == io::ErrorKind::BrokenPipe) {
@@ -103,10 +106,12 @@ pub(super) unsafe fn run(fd: RawFd, dir: Dir, ops: &mut [Op]) -> io::Result<()> 
                 let len = (op.len - op.done) as u32;
                 let offset = op.offset + op.done as u64;
                 let entry: squeue::Entry = match dir {
-                    Dir::Read => opcode::Read::new(types::Fd(fd), ptr, len).offset(offset).build(),
-                    Dir::Write => {
-                        opcode::Write::new(types::Fd(fd), ptr, len).offset(offset).build()
-                    }
+                    Dir::Read => opcode::Read::new(types::Fd(fd), ptr, len)
+                        .offset(offset)
+                        .build(),
+                    Dir::Write => opcode::Write::new(types::Fd(fd), ptr, len)
+                        .offset(offset)
+                        .build(),
                 };
                 // SAFETY: the buffer and fd outlive the request: this function does not
                 // return while `inflight > 0` (the caller's contract covers the rest).
