@@ -16,12 +16,14 @@
 mod config;
 mod error;
 pub(crate) mod node;
+mod pool;
 pub(crate) mod store;
 pub(crate) mod sync;
-mod pool;
+mod tree;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
+pub use tree::{Range, Stats, Tree};
 
 /// Entry points into the lower layers for the fuzz targets (feature `internals`). Not a
 /// stable API: nothing here is covered by semver.

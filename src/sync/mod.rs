@@ -5,9 +5,7 @@
 //! directly for state shared between threads.
 
 #[cfg(not(feature = "shuttle"))]
-pub(crate) use std::sync::atomic::{
-    fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
-};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(feature = "shuttle"))]
@@ -15,9 +13,7 @@ pub(crate) use std::sync::Arc;
 pub(crate) use std::thread;
 
 #[cfg(feature = "shuttle")]
-pub(crate) use shuttle::sync::atomic::{
-    fence, AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
-};
+pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::sync::Arc;
 #[cfg(feature = "shuttle")]
@@ -62,6 +58,20 @@ impl<T> Mutex<T> {
     #[cfg(not(feature = "shuttle"))]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.inner.lock()
+    }
+
+    #[cfg(not(feature = "shuttle"))]
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        self.inner.try_lock()
+    }
+
+    #[cfg(feature = "shuttle")]
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.inner.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     #[cfg(feature = "shuttle")]
@@ -112,3 +122,6 @@ mod tests {
         assert_eq!(*m.lock(), 4000);
     }
 }
+
+mod rcu;
+pub(crate) use rcu::{pin, EpochGuard, RcuCell};

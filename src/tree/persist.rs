@@ -1,0 +1,426 @@
+//! Opening, checkpointing and closing a file-backed tree.
+//!
+//! A directory holds `LOCK` (an advisory `flock`), `data` (the page store) and `checkpoint`
+//! (the leaf map). A checkpoint writes every buffered leaf (shadow-style, to new pages),
+//! syncs the data file, then replaces `checkpoint` atomically (write a temporary file,
+//! fsync, rename, fsync the directory). Pages the last checkpoint references are never
+//! freed before the next checkpoint is durable, so after a crash `open` finds a consistent
+//! tree: the one of the last completed checkpoint.
+//!
+//! Checkpoint file, little-endian:
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | magic `BFKVCKP1` |
+//! | 8..12 | format version (1) |
+//! | 12..16 | page size |
+//! | 16..24 | LSN the checkpoint covers (0 until the write-ahead log exists) |
+//! | 24..32 | leaf count n |
+//! | ... | n × (page id u32, disk page u64, low-bound length u16, low-bound bytes) in key order |
+//! | last 4 | crc32c of everything before |
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path as FsPath, PathBuf};
+
+use super::{inner, Restart, Shared};
+use crate::config::{Config, IoBackend};
+use crate::error::{Error, Result};
+use crate::pool::{BufferPool, Location, PageId};
+use crate::store::{Backend, FileStore, PageStore, FIRST_DATA_PAGE};
+use crate::sync::{Arc, Mutex};
+
+const MAGIC: &[u8; 8] = b"BFKVCKP1";
+const FORMAT: u32 = 1;
+const HEADER: usize = 32;
+
+/// Which disk pages are in use by what, so that freed pages are reused without ever
+/// overwriting what the last checkpoint needs.
+#[derive(Default)]
+pub(crate) struct PageTracker {
+    inner: Mutex<Tracked>,
+    checkpointing: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    /// The newest written page of each leaf.
+    leaf_pages: HashMap<PageId, u64>,
+    /// Pages the last durable checkpoint references.
+    checkpointed: HashSet<u64>,
+    /// Pages the checkpoint being written references.
+    in_progress: HashSet<u64>,
+    /// Superseded pages that one of the above still references.
+    deferred: Vec<u64>,
+    /// Page ids of leaves unlinked from the tree whose entries are still to be freed.
+    orphans: Vec<PageId>,
+}
+
+impl PageTracker {
+    fn from_checkpoint(leaves: &[(PageId, u64)]) -> PageTracker {
+        let tracker = PageTracker::default();
+        {
+            let mut t = tracker.inner.lock();
+            t.leaf_pages = leaves.iter().copied().collect();
+            t.checkpointed = leaves.iter().map(|&(_, p)| p).collect();
+        }
+        tracker
+    }
+
+    /// Leaf `pid` now lives in `page`.
+    pub(crate) fn written(&self, pid: PageId, page: u64) {
+        self.inner.lock().leaf_pages.insert(pid, page);
+    }
+
+    /// Leaf `pid` is gone.
+    pub(crate) fn forget_leaf(&self, pid: PageId) {
+        self.inner.lock().leaf_pages.remove(&pid);
+    }
+
+    /// `page` no longer holds a current leaf: free it now, or after the next checkpoint if a
+    /// checkpoint references it.
+    pub(crate) fn supersede(&self, tree: &Shared, page: u64) {
+        let mut t = self.inner.lock();
+        if t.checkpointed.contains(&page) || t.in_progress.contains(&page) {
+            t.deferred.push(page);
+        } else if let Some(store) = &tree.store {
+            // A failure here means the page was not allocated: a bookkeeping bug that must
+            // not take the write down with it; the page is merely not reused.
+            let _ = store.free(page);
+        }
+    }
+
+    pub(crate) fn orphan(&self, pid: PageId) {
+        self.inner.lock().orphans.push(pid);
+    }
+
+    pub(crate) fn take_orphans(&self) -> Vec<PageId> {
+        std::mem::take(&mut self.inner.lock().orphans)
+    }
+}
+
+/// The advisory lock that keeps a directory to one open `Tree`.
+pub(crate) struct DirLock {
+    file: Mutex<Option<File>>,
+}
+
+impl DirLock {
+    fn acquire(dir: &FsPath) -> Result<DirLock> {
+        let path = dir.join("LOCK");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock only reads the descriptor, which `file` keeps open for the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(Error::Locked {
+                    path: dir.to_path_buf(),
+                });
+            }
+            return Err(Error::io(&path, err));
+        }
+        Ok(DirLock {
+            file: Mutex::new(Some(file)),
+        })
+    }
+
+    /// Gives the directory up (closing the descriptor drops the flock).
+    pub(crate) fn release(&self) {
+        self.file.lock().take();
+    }
+}
+
+/// Opens or creates the tree `config` describes.
+pub(crate) fn open(config: Config) -> Result<Shared> {
+    let Some(dir) = config.dir.clone() else {
+        let pool = BufferPool::new(config.cache_size, 0)?;
+        let root = Shared::empty_root(&pool, config.page_size)?;
+        return Ok(Shared::assemble(
+            config,
+            pool,
+            None,
+            PathBuf::from("<memory>"),
+            root,
+            PageTracker::default(),
+            None,
+        ));
+    };
+    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let lock = DirLock::acquire(&dir)?;
+    let backend = match config.io_backend {
+        IoBackend::Pread => Backend::Pread,
+        IoBackend::IoUring => Backend::IoUring,
+        IoBackend::Auto if cfg!(target_os = "linux") => Backend::IoUring,
+        IoBackend::Auto => Backend::Pread,
+    };
+    let data_path = dir.join("data");
+    let store: Arc<dyn PageStore> =
+        Arc::new(FileStore::open(&data_path, config.page_size, backend)?);
+    let ckpt_path = dir.join("checkpoint");
+    let loaded = match fs::read(&ckpt_path) {
+        Ok(bytes) => Some(decode(&bytes, &ckpt_path, config.page_size)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&ckpt_path, e)),
+    };
+    let file_pages = store.stats().file_pages;
+    let (pool, root, tracker) = match loaded {
+        Some(leaves) => {
+            let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
+            for l in &leaves {
+                if l.page < FIRST_DATA_PAGE || l.page >= file_pages {
+                    return Err(Error::corruption(
+                        &ckpt_path,
+                        None,
+                        "leaf page outside the data file",
+                    ));
+                }
+            }
+            let entries: Vec<(PageId, u64)> = leaves.iter().map(|l| (l.pid, l.page)).collect();
+            let pool =
+                BufferPool::with_pages(config.cache_size, config.second_chance_percent, &entries)?;
+            let root = inner::bulk_load(
+                leaves.into_iter().map(|l| (l.low, l.pid)).collect(),
+                config.page_size,
+            )
+            .ok_or_else(|| Error::corruption(&ckpt_path, None, "checkpoint has no leaves"))?;
+            store.set_free_pages(
+                (FIRST_DATA_PAGE..file_pages)
+                    .filter(|p| !referenced.contains(p))
+                    .collect(),
+            )?;
+            (pool, root, PageTracker::from_checkpoint(&entries))
+        }
+        None => {
+            // No checkpoint: nothing was ever committed here, so every data page is free.
+            store.set_free_pages((FIRST_DATA_PAGE..file_pages).collect())?;
+            let pool = BufferPool::new(config.cache_size, config.second_chance_percent)?;
+            let root = Shared::empty_root(&pool, config.page_size)?;
+            (pool, root, PageTracker::default())
+        }
+    };
+    Ok(Shared::assemble(
+        config,
+        pool,
+        Some(store),
+        data_path,
+        root,
+        tracker,
+        Some(lock),
+    ))
+}
+
+/// One leaf as the checkpoint records it.
+struct LeafEntry {
+    pid: PageId,
+    page: u64,
+    low: Vec<u8>,
+}
+
+fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<Vec<LeafEntry>> {
+    let bad = |reason| Error::corruption(path, None, reason);
+    if bytes.len() < HEADER + 4 {
+        return Err(bad("checkpoint file too short"));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err(bad("checkpoint checksum mismatch"));
+    }
+    if &body[..8] != MAGIC {
+        return Err(bad("not a bfkv checkpoint"));
+    }
+    let u32_at =
+        |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+    if u32_at(8) != FORMAT {
+        return Err(bad("unsupported checkpoint format version"));
+    }
+    if u32_at(12) as usize != page_size {
+        return Err(Error::InvalidConfig {
+            reason: "page size differs from the existing tree's",
+        });
+    }
+    let mut count_bytes = [0u8; 8];
+    count_bytes.copy_from_slice(&body[24..32]);
+    let count = u64::from_le_bytes(count_bytes);
+    let mut at = HEADER;
+    let mut leaves = Vec::new();
+    let mut seen = HashSet::new();
+    for _ in 0..count {
+        let Some(fixed) = body.get(at..at + 14) else {
+            return Err(bad("checkpoint truncated"));
+        };
+        let pid = u32::from_le_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]);
+        let mut page = [0u8; 8];
+        page.copy_from_slice(&fixed[4..12]);
+        let len = u16::from_le_bytes([fixed[12], fixed[13]]) as usize;
+        let Some(low) = body.get(at + 14..at + 14 + len) else {
+            return Err(bad("checkpoint truncated"));
+        };
+        if let Some(prev) = leaves.last().map(|l: &LeafEntry| l.low.as_slice()) {
+            if low <= prev {
+                return Err(bad("checkpoint leaves out of order"));
+            }
+        } else if !low.is_empty() {
+            return Err(bad("first leaf has a low bound"));
+        }
+        if !seen.insert(pid) {
+            return Err(bad("checkpoint names a page id twice"));
+        }
+        leaves.push(LeafEntry {
+            pid,
+            page: u64::from_le_bytes(page),
+            low: low.to_vec(),
+        });
+        at += 14 + len;
+    }
+    if at != body.len() || leaves.is_empty() {
+        return Err(bad("checkpoint length does not match its leaf count"));
+    }
+    Ok(leaves)
+}
+
+fn encode(page_size: usize, lsn: u64, leaves: &[(Vec<u8>, PageId, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + leaves.len() * 24 + 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&(page_size as u32).to_le_bytes());
+    out.extend_from_slice(&lsn.to_le_bytes());
+    out.extend_from_slice(&(leaves.len() as u64).to_le_bytes());
+    for (low, pid, page) in leaves {
+        out.extend_from_slice(&pid.to_le_bytes());
+        out.extend_from_slice(&page.to_le_bytes());
+        // Low bounds are keys, at most 8191 bytes (see `Limits`).
+        out.extend_from_slice(&(low.len() as u16).to_le_bytes());
+        out.extend_from_slice(low);
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync the directory.
+fn write_atomically(dir: &FsPath, path: &FsPath, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+impl Shared {
+    /// Writes every buffered leaf and a new checkpoint file (see the module docs).
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        let (Some(store), Some(dir)) = (&self.store, &self.config.dir) else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.pages.checkpointing.lock();
+        self.drain_orphans();
+        let snapshot = {
+            // Holding the structure lock freezes the set of leaves; writers that need a split
+            // retry until it is released. Leaf locks are taken while holding it: safe,
+            // because leaf-lock holders only ever try the structure lock.
+            let smo = self.lock_smo();
+            for (pid, location) in self.pool.page_entries() {
+                if !matches!(location, Location::Mini(_)) {
+                    continue;
+                }
+                let mut page = self.pool.write(pid);
+                match self.checkpoint_leaf(&mut page, &smo)? {
+                    Ok(()) => {}
+                    // Write-back under the structure lock allocates no memory and never waits.
+                    Err(Restart::NeedSpace) | Err(Restart::Retry) => {
+                        return Err(Error::corruption(
+                            &self.data_path,
+                            None,
+                            "checkpoint could not write a leaf",
+                        ));
+                    }
+                }
+            }
+            let leaves = self.leaf_list();
+            let mut t = self.pages.inner.lock();
+            let mut snapshot = Vec::with_capacity(leaves.len());
+            for (low, pid) in leaves {
+                let Some(&page) = t.leaf_pages.get(&pid) else {
+                    return Err(Error::corruption(
+                        &self.data_path,
+                        None,
+                        "leaf without a disk page at checkpoint",
+                    ));
+                };
+                snapshot.push((low, pid, page));
+            }
+            t.in_progress = snapshot.iter().map(|&(_, _, p)| p).collect();
+            drop(smo);
+            snapshot
+        };
+        let result = store.sync().and_then(|()| {
+            let bytes = encode(self.page_size, 0, &snapshot);
+            write_atomically(dir, &dir.join("checkpoint"), &bytes)
+        });
+        let mut t = self.pages.inner.lock();
+        let in_progress = std::mem::take(&mut t.in_progress);
+        if result.is_ok() {
+            t.checkpointed = in_progress;
+            let deferred = std::mem::take(&mut t.deferred);
+            let (keep, free): (Vec<u64>, Vec<u64>) = deferred
+                .into_iter()
+                .partition(|p| t.checkpointed.contains(p));
+            t.deferred = keep;
+            drop(t);
+            for p in free {
+                let _ = store.free(p);
+            }
+            self.counters
+                .checkpoints
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_format_round_trips_and_rejects_damage() {
+        let leaves = vec![
+            (Vec::new(), 0u32, 5u64),
+            (b"m".to_vec(), 3, 9),
+            (b"t".to_vec(), 1, 7),
+        ];
+        let bytes = encode(4096, 0, &leaves);
+        let path = FsPath::new("checkpoint");
+        let back = decode(&bytes, path, 4096).unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(
+            (back[1].pid, back[1].page, back[1].low.as_slice()),
+            (3, 9, &b"m"[..])
+        );
+        assert!(matches!(
+            decode(&bytes, path, 8192),
+            Err(Error::InvalidConfig { .. })
+        ));
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(
+                matches!(decode(&bad, path, 4096), Err(Error::Corruption { .. })),
+                "flip at {i}"
+            );
+        }
+        for n in 0..bytes.len() {
+            assert!(decode(&bytes[..n], path, 4096).is_err(), "truncated to {n}");
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Range scans: double-ended iterators that copy out one leaf at a time.
+//!
+//! An iterator holds no lock between calls: it remembers the next bound on each end, finds
+//! the leaf for it from the root, read-locks it, copies out the records in range (the
+//! mini-page merged over the disk leaf: newest wins, tombstones hide), and unlocks. Moving
+//! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
+//! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
+//! a loop, never by recursion.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+
+use super::inner::{Path, Seek};
+use super::leaf::{node_records, with_page_buf};
+use super::{Shared, FLAG_DIRTY, NO_PAGE};
+use crate::error::Result;
+use crate::node::{self, NodeKind, NodeMut, NodeRef, RecordKind};
+use crate::pool::{Location, ReadGuard};
+use crate::sync::{self, Ordering};
+
+/// A key and its value, as a scan yields them.
+pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// Iterator over a key range; see [`Tree::range`](crate::Tree::range).
+///
+/// Yields `Result<(key, value)>`: an I/O or corruption error while reading a leaf is
+/// returned once, after which the iterator ends.
+pub struct Range<'t> {
+    tree: &'t Shared,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    /// Where the front continues (initially `lower`).
+    front: Bound<Vec<u8>>,
+    /// Where the back continues (initially `upper`).
+    back: Bound<Vec<u8>>,
+    front_buf: VecDeque<KeyValue>,
+    back_buf: VecDeque<KeyValue>,
+    front_last: Option<Vec<u8>>,
+    back_last: Option<Vec<u8>>,
+    front_done: bool,
+    back_done: bool,
+    finished: bool,
+}
+
+fn owned(bound: Bound<&impl AsRef<[u8]>>) -> Bound<Vec<u8>> {
+    match bound {
+        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// Whether `key` is at or past the end bound `end` (going up).
+fn past_end(end: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match end {
+        Bound::Included(e) => key > e.as_slice(),
+        Bound::Excluded(e) => key >= e.as_slice(),
+        Bound::Unbounded => false,
+    }
+}
+
+/// Whether every key below `low` is outside a range that starts at `start` (going down).
+fn at_or_below_start(start: &Bound<Vec<u8>>, low: &[u8]) -> bool {
+    match start {
+        Bound::Included(s) | Bound::Excluded(s) => low <= s.as_slice(),
+        Bound::Unbounded => false,
+    }
+}
+
+impl<'t> Range<'t> {
+    pub(crate) fn new<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
+        tree: &'t Shared,
+        range: R,
+    ) -> Range<'t> {
+        let lower = owned(range.start_bound());
+        let upper = owned(range.end_bound());
+        let empty = match (&lower, &upper) {
+            (Bound::Included(l), Bound::Included(u)) => l > u,
+            (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
+            | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
+            _ => false,
+        };
+        Range {
+            tree,
+            front: lower.clone(),
+            back: upper.clone(),
+            lower,
+            upper,
+            front_buf: VecDeque::new(),
+            back_buf: VecDeque::new(),
+            front_last: None,
+            back_last: None,
+            front_done: empty,
+            back_done: empty,
+            finished: empty,
+        }
+    }
+
+    /// Copies out the next leaf (going up) that has records in range.
+    fn fill_front(&mut self) -> Result<()> {
+        while self.front_buf.is_empty() && !self.front_done {
+            let guard = sync::pin();
+            let seek = match &self.front {
+                Bound::Unbounded => Seek::First,
+                Bound::Included(k) | Bound::Excluded(k) => Seek::Key(k),
+            };
+            let (path, page) = self.tree.read_leaf(&guard, seek);
+            let mut high = Vec::new();
+            let has_high = path.high_into(&mut high);
+            let items = self
+                .tree
+                .collect_leaf(&path, page, &self.front, &self.upper)?;
+            if !has_high || past_end(&self.upper, &high) {
+                self.front_done = true;
+            } else {
+                self.front = Bound::Included(high);
+            }
+            self.front_buf.extend(items);
+        }
+        Ok(())
+    }
+
+    /// Copies out the next leaf (going down) that has records in range.
+    fn fill_back(&mut self) -> Result<()> {
+        while self.back_buf.is_empty() && !self.back_done {
+            let guard = sync::pin();
+            let seek = match &self.back {
+                Bound::Unbounded => Seek::Last,
+                Bound::Included(k) => Seek::Key(k),
+                Bound::Excluded(k) => Seek::Before(k),
+            };
+            let (path, page) = self.tree.read_leaf(&guard, seek);
+            let mut low = Vec::new();
+            let has_low = path.low_into(&mut low);
+            let items = self
+                .tree
+                .collect_leaf(&path, page, &self.lower, &self.back)?;
+            if !has_low || at_or_below_start(&self.lower, &low) {
+                self.back_done = true;
+            } else {
+                self.back = Bound::Excluded(low);
+            }
+            self.back_buf.extend(items.into_iter().rev());
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: crate::Error) -> Option<Result<KeyValue>> {
+        self.finished = true;
+        Some(Err(e))
+    }
+}
+
+impl Iterator for Range<'_> {
+    type Item = Result<KeyValue>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        if let Err(e) = self.fill_front() {
+            return self.fail(e);
+        }
+        let Some((k, v)) = self.front_buf.pop_front() else {
+            self.finished = true;
+            return None;
+        };
+        if self.back_last.as_ref().is_some_and(|b| &k >= b) {
+            self.finished = true;
+            return None;
+        }
+        self.front_last = Some(k.clone());
+        Some(Ok((k, v)))
+    }
+}
+
+impl DoubleEndedIterator for Range<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        if let Err(e) = self.fill_back() {
+            return self.fail(e);
+        }
+        let Some((k, v)) = self.back_buf.pop_front() else {
+            self.finished = true;
+            return None;
+        };
+        if self.front_last.as_ref().is_some_and(|f| &k <= f) {
+            self.finished = true;
+            return None;
+        }
+        self.back_last = Some(k.clone());
+        Some(Ok((k, v)))
+    }
+}
+
+impl std::iter::FusedIterator for Range<'_> {}
+
+/// The records of a node between `start` and `end`, with their kinds, ascending.
+fn node_slice(
+    node: NodeRef<'_>,
+    start: &Bound<Vec<u8>>,
+    end: &Bound<Vec<u8>>,
+) -> Vec<(Vec<u8>, Vec<u8>, RecordKind)> {
+    let from = match start {
+        Bound::Unbounded => 0,
+        Bound::Included(k) => node.lower_bound(k),
+        Bound::Excluded(k) => node.upper_bound(k),
+    };
+    let mut out = Vec::new();
+    for i in from..node.len() {
+        let mut key = Vec::new();
+        node.key_into(i, &mut key);
+        if past_end(end, &key) {
+            break;
+        }
+        out.push((key, node.value(i).to_vec(), node.record_kind(i)));
+    }
+    out
+}
+
+/// Newest-wins merge of a leaf's records (`base`, all present) with a mini-page's (`over`):
+/// a mini-page record replaces the leaf's record with the same key, and hides it when it is
+/// a tombstone or phantom.
+fn overlay(
+    base: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
+    over: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
+) -> Vec<KeyValue> {
+    let mut out = Vec::with_capacity(base.len() + over.len());
+    let mut base = base.into_iter().peekable();
+    for (key, value, kind) in over {
+        while let Some((k, v, _)) = base.next_if(|b| b.0 < key) {
+            out.push((k, v));
+        }
+        base.next_if(|b| b.0 == key);
+        if kind.exists() {
+            out.push((key, value));
+        }
+    }
+    out.extend(base.map(|(k, v, _)| (k, v)));
+    out
+}
+
+impl Shared {
+    /// Copies out a read-locked leaf's records between `start` and `end`, ascending.
+    fn collect_leaf(
+        &self,
+        path: &Path<'_>,
+        page: ReadGuard<'_>,
+        start: &Bound<Vec<u8>>,
+        end: &Bound<Vec<u8>>,
+    ) -> Result<Vec<KeyValue>> {
+        let (over, disk) = match page.mini() {
+            Some(bytes) => {
+                let node = NodeRef::from_bytes(bytes);
+                let slice = node_slice(node, start, end);
+                if node.kind() == NodeKind::Leaf {
+                    self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(slice
+                        .into_iter()
+                        .filter(|r| r.2.exists())
+                        .map(|(k, v, _)| (k, v))
+                        .collect());
+                }
+                (slice, node.disk_page())
+            }
+            None => match page.location() {
+                Location::Disk(p) => (Vec::new(), Some(p)),
+                Location::Mini(_) => (Vec::new(), None),
+            },
+        };
+        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
+            return Ok(overlay(Vec::new(), over));
+        };
+        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        with_page_buf(self.page_size, |buf| {
+            self.read_page(disk, buf)?;
+            let leaf = self.check_leaf(disk, buf)?;
+            let items = overlay(node_slice(leaf, start, end), over);
+            if self.config.promotion_percent > super::leaf::percent_roll() {
+                if let Ok(mut w) = page.try_upgrade() {
+                    self.mirror_scanned(path, &mut w, leaf, disk);
+                }
+            }
+            Ok(items)
+        })
+    }
+
+    /// Keeps a scanned leaf in memory as a full-page mirror so the next scan needs no I/O
+    /// (paper §5.3). Best effort and never evicts: a scan does not write to disk.
+    fn mirror_scanned<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut crate::pool::WriteGuard<'p>,
+        leaf: NodeRef<'_>,
+        disk: u64,
+    ) {
+        let (records, dirty) = match page.mini() {
+            Some(b) => {
+                let mini = NodeRef::from_bytes(b);
+                (node::merge_sorted(leaf, mini), mini.dirty_count() > 0)
+            }
+            None => (node_records(leaf), false),
+        };
+        let (low, high) = path.bounds();
+        if node::split_records(
+            &records,
+            self.page_size,
+            NodeKind::Leaf,
+            low.as_deref(),
+            high.as_deref(),
+        )
+        .len()
+            != 1
+        {
+            return;
+        }
+        let Some(mut block) = self.pool.alloc(self.page_size, page.page_id()) else {
+            return;
+        };
+        if node::build(
+            block.bytes_mut(),
+            NodeKind::Leaf,
+            low.as_deref(),
+            high.as_deref(),
+            &records,
+        )
+        .is_err()
+        {
+            return;
+        }
+        let mut node = NodeMut::from_bytes(block.bytes_mut());
+        node.set_disk_page(Some(disk));
+        node.set_flags(if dirty { FLAG_DIRTY } else { 0 });
+        if let Some(old) = page.set_mini(block) {
+            self.pool.dealloc(old);
+        }
+        self.counters.scan_mirrors.fetch_add(1, Ordering::Relaxed);
+    }
+}

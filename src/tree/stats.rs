@@ -1,0 +1,84 @@
+//! Counters of what the tree did: cheap relaxed atomics, always on.
+
+use crate::sync::{AtomicU64, Ordering};
+
+use super::Shared;
+
+/// A snapshot of a tree's counters since it was opened (see [`Tree::stats`](crate::Tree::stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Lookups (and scanned leaves) answered from memory: a mini-page record or a mirror.
+    pub cache_hits: u64,
+    /// Lookups (and scanned leaves) that had to read the leaf from disk.
+    pub cache_misses: u64,
+    /// Records (or known-absent keys) cached in a mini-page after a disk read.
+    pub promotions: u64,
+    /// Mini-pages merged with their leaf into a full-page mirror.
+    pub merges: u64,
+    /// Mini-pages moved to a larger block.
+    pub mini_grows: u64,
+    /// Mini-pages copied to the tail of the buffer from its copy-on-access region.
+    pub copied_to_tail: u64,
+    /// Scanned leaves kept in memory as full-page mirrors.
+    pub scan_mirrors: u64,
+    /// Leaves written back to disk (by eviction or checkpoint).
+    pub write_backs: u64,
+    /// Leaf splits.
+    pub splits: u64,
+    /// Emptied leaves removed from the tree.
+    pub leaves_removed: u64,
+    /// Blocks evicted from the buffer.
+    pub evictions: u64,
+    /// Leaf pages read from disk.
+    pub pages_read: u64,
+    /// Leaf pages written to disk.
+    pub pages_written: u64,
+    /// Completed checkpoints.
+    pub checkpoints: u64,
+    /// Writes (inserts and removes) applied to a mini-page or mirror.
+    pub writes_buffered: u64,
+}
+
+/// The live counters behind [`Stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) cache_hits: AtomicU64,
+    pub(crate) cache_misses: AtomicU64,
+    pub(crate) promotions: AtomicU64,
+    pub(crate) merges: AtomicU64,
+    pub(crate) mini_grows: AtomicU64,
+    pub(crate) copied_to_tail: AtomicU64,
+    pub(crate) scan_mirrors: AtomicU64,
+    pub(crate) write_backs: AtomicU64,
+    pub(crate) splits: AtomicU64,
+    pub(crate) leaves_removed: AtomicU64,
+    pub(crate) pages_read: AtomicU64,
+    pub(crate) pages_written: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+    pub(crate) writes_buffered: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            cache_hits: get(&c.cache_hits),
+            cache_misses: get(&c.cache_misses),
+            promotions: get(&c.promotions),
+            merges: get(&c.merges),
+            mini_grows: get(&c.mini_grows),
+            copied_to_tail: get(&c.copied_to_tail),
+            scan_mirrors: get(&c.scan_mirrors),
+            write_backs: get(&c.write_backs),
+            splits: get(&c.splits),
+            leaves_removed: get(&c.leaves_removed),
+            evictions: self.pool.stats().evictions,
+            pages_read: get(&c.pages_read),
+            pages_written: get(&c.pages_written),
+            checkpoints: get(&c.checkpoints),
+            writes_buffered: get(&c.writes_buffered),
+        }
+    }
+}

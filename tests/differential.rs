@@ -1,0 +1,248 @@
+//! The tree against `std::collections::BTreeMap`: seeded random sequences of inserts,
+//! removes, gets, ranges (both directions, every bound kind) and close+reopen, with caches so
+//! small that eviction, merges, splits and copy-on-access run constantly.
+//!
+//! A failure prints the seed; rerun one with `BFKV_SEED=<seed> cargo test --release --test
+//! differential`. `BFKV_DIFF_OPS` sets the operations per seed.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use bfkv::{Config, Tree};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const PREFIXES: [&str; 4] = [
+    "",
+    "user/",
+    "tenant-0042/orders/2026/11/21/aaaaaaaaaaaaaaaaaaaaaaaaaa/",
+    "shared-prefix-shared-prefix-shared-prefix-shared-prefix-shared-prefix-shared-prefix-/",
+];
+
+fn key(rng: &mut StdRng, space: u64) -> Vec<u8> {
+    let p = PREFIXES[rng.gen_range(0..PREFIXES.len())];
+    let mut k = format!("{p}{:x}", rng.gen_range(0..space)).into_bytes();
+    if rng.gen_ratio(1, 50) {
+        k.truncate(rng.gen_range(0..=k.len())); // short and empty keys too
+    }
+    k.truncate(100);
+    k
+}
+
+fn value(rng: &mut StdRng) -> Vec<u8> {
+    let len = if rng.gen_ratio(7, 10) {
+        rng.gen_range(0..32)
+    } else {
+        rng.gen_range(0..600)
+    };
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+fn bound(rng: &mut StdRng, k: Vec<u8>) -> Bound<Vec<u8>> {
+    match rng.gen_range(0..3) {
+        0 => Bound::Included(k),
+        1 => Bound::Excluded(k),
+        _ => Bound::Unbounded,
+    }
+}
+
+/// Whether `BTreeMap::range` accepts these bounds (it panics on inverted or empty-excluded
+/// ranges; the tree returns nothing for those).
+fn btree_accepts(lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
+    match (lo, hi) {
+        (Bound::Included(l), Bound::Included(h)) => l <= h,
+        (Bound::Included(l), Bound::Excluded(h)) | (Bound::Excluded(l), Bound::Included(h)) => {
+            l <= h
+        }
+        (Bound::Excluded(l), Bound::Excluded(h)) => l < h,
+        _ => true,
+    }
+}
+
+type Kv = (Vec<u8>, Vec<u8>);
+
+/// Equality with a readable report: lengths and the first differing record.
+fn assert_same(got: &[Kv], expected: &[Kv], what: &str) {
+    if got == expected {
+        return;
+    }
+    let at = got
+        .iter()
+        .zip(expected)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(expected.len()));
+    let show = |kv: Option<&Kv>| {
+        kv.map(|(k, v)| format!("{:?} ({} value bytes)", String::from_utf8_lossy(k), v.len()))
+    };
+    panic!(
+        "{what}: got {} records, expected {}; first difference at {at}: got {:?}, expected {:?}",
+        got.len(),
+        expected.len(),
+        show(got.get(at)),
+        show(expected.get(at))
+    );
+}
+
+fn check_range(
+    tree: &Tree,
+    model: &BTreeMap<Vec<u8>, Vec<u8>>,
+    rng: &mut StdRng,
+    seed: u64,
+    op: usize,
+) {
+    let (lo_key, hi_key) = (key(rng, 4096), key(rng, 4096));
+    let lo = bound(rng, lo_key);
+    let hi = bound(rng, hi_key);
+    let expected_all: Vec<Kv> = if btree_accepts(&lo, &hi) {
+        model
+            .range((lo.clone(), hi.clone()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let limit = 300;
+    let mode = rng.gen_range(0..3);
+    let got: Vec<Kv> = match mode {
+        0 => tree
+            .range((lo.clone(), hi.clone()))
+            .take(limit)
+            .map(|r| r.expect("range item"))
+            .collect(),
+        1 => tree
+            .range((lo.clone(), hi.clone()))
+            .rev()
+            .take(limit)
+            .map(|r| r.expect("range item"))
+            .collect(),
+        _ => {
+            // Alternate ends until they meet: every record exactly once.
+            let mut it = tree.range((lo.clone(), hi.clone()));
+            let (mut front, mut back) = (Vec::new(), Vec::new());
+            loop {
+                let next = if rng.gen() {
+                    it.next().map(|r| (true, r))
+                } else {
+                    it.next_back().map(|r| (false, r))
+                };
+                match next {
+                    Some((true, r)) => front.push(r.expect("range item")),
+                    Some((false, r)) => back.push(r.expect("range item")),
+                    None => break,
+                }
+            }
+            back.reverse();
+            front.extend(back);
+            assert_same(
+                &front,
+                &expected_all,
+                &format!("seed {seed} op {op}: two-ended range {lo:?}..{hi:?}"),
+            );
+            return;
+        }
+    };
+    let expected: Vec<Kv> = if mode == 0 {
+        expected_all.into_iter().take(limit).collect()
+    } else {
+        expected_all.into_iter().rev().take(limit).collect()
+    };
+    assert_same(
+        &got,
+        &expected,
+        &format!("seed {seed} op {op}: range {lo:?}..{hi:?} mode {mode}"),
+    );
+}
+
+fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = || {
+        if in_memory {
+            Config::in_memory().cache_size(cache)
+        } else {
+            Config::new(dir.path()).cache_size(cache)
+        }
+    };
+    let mut tree = Tree::open(config()).expect("open");
+    let mut model = BTreeMap::new();
+    let space = 1 << rng.gen_range(6..14);
+    for op in 0..ops {
+        let roll = rng.gen_range(0..1000);
+        if roll < 550 {
+            let (k, v) = (key(&mut rng, space), value(&mut rng));
+            tree.insert(&k, &v)
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: insert: {e}"));
+            model.insert(k, v);
+        } else if roll < 750 {
+            let k = key(&mut rng, space);
+            tree.remove(&k)
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: remove: {e}"));
+            model.remove(&k);
+        } else if roll < 960 {
+            let k = key(&mut rng, space);
+            let got = tree
+                .get(&k)
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: get: {e}"));
+            assert_eq!(
+                got.as_ref(),
+                model.get(&k),
+                "seed {seed} op {op}: get {k:?}"
+            );
+        } else if roll < 999 || in_memory {
+            check_range(&tree, &model, &mut rng, seed, op);
+        } else {
+            tree.close()
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: close: {e}"));
+            tree =
+                Tree::open(config()).unwrap_or_else(|e| panic!("seed {seed} op {op}: reopen: {e}"));
+        }
+    }
+    // Everything, both ways, at the end.
+    let all: Vec<Kv> = tree.iter().map(|r| r.expect("iter")).collect();
+    let expected: Vec<Kv> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_same(&all, &expected, &format!("seed {seed}: final iteration"));
+    let mut rev: Vec<Kv> = tree.iter().rev().map(|r| r.expect("iter")).collect();
+    rev.reverse();
+    assert_eq!(rev, expected, "seed {seed}: final reverse iteration");
+    if !in_memory {
+        tree.close().expect("close");
+        let tree = Tree::open(config()).expect("reopen");
+        let all: Vec<Kv> = tree.iter().map(|r| r.expect("iter")).collect();
+        assert_eq!(all, expected, "seed {seed}: after final reopen");
+    }
+}
+
+fn ops_per_seed(default: usize) -> usize {
+    std::env::var("BFKV_DIFF_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn seeds(base: u64, n: u64) -> Vec<u64> {
+    match std::env::var("BFKV_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => vec![seed],
+        None => (base..base + n).collect(),
+    }
+}
+
+#[test]
+fn tiny_cache_256k_matches_btreemap() {
+    for seed in seeds(1, 4) {
+        run(seed, ops_per_seed(150_000), 256 << 10, false);
+    }
+}
+
+#[test]
+fn cache_4m_matches_btreemap() {
+    for seed in seeds(100, 2) {
+        run(seed, ops_per_seed(150_000), 4 << 20, false);
+    }
+}
+
+#[test]
+fn in_memory_matches_btreemap() {
+    for seed in seeds(200, 2) {
+        run(seed, ops_per_seed(60_000), 64 << 20, true);
+    }
+}
