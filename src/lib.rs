@@ -15,8 +15,8 @@
 
 mod config;
 mod error;
-pub(crate) mod sync;
 mod pool;
+pub(crate) mod sync;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
@@ -25,4 +25,7 @@ pub use error::{Error, Result};
 /// stable API: nothing here is covered by semver.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
-pub mod internals {}
+pub mod internals {
+    /// The buffer pool, driven page by page (fuzz target `pool_model`).
+    pub use crate::pool::harness::PoolHarness;
+}

@@ -113,7 +113,10 @@ impl BufferPool {
         let shard = my_shard();
         let stripe = &self.counters.stripes[shard];
         let total = size as u64 + 8;
-        let phys = match self.free.pop(&self.ring, class_of(size as u64), shard, owner) {
+        let phys = match self
+            .free
+            .pop(&self.ring, class_of(size as u64), shard, owner)
+        {
             Some(phys) => {
                 bump(&stripe.from_free_list, 1);
                 phys
@@ -125,7 +128,12 @@ impl BufferPool {
             }
         };
         bump(&stripe.allocated, total);
-        Some(NewBlock { pool: self, phys, size, _owns: PhantomData })
+        Some(NewBlock {
+            pool: self,
+            phys,
+            size,
+            _owns: PhantomData,
+        })
     }
 
     /// Returns a detached block's memory to the pool.
@@ -155,7 +163,10 @@ impl BufferPool {
             } else {
                 return None;
             };
-            match self.tail.compare_exchange_weak(t, end, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .tail
+                .compare_exchange_weak(t, end, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => {
                     if filler > 0 {
                         let h = header::make(0, header::TOMBSTONE, filler);

@@ -25,14 +25,20 @@ impl BufferPool {
         let size = self.ring.size();
         let head = self.head.load(Ordering::Acquire);
         let tail = self.tail.load(Ordering::Acquire);
-        assert!(head <= tail && tail - head <= size, "head {head} tail {tail} size {size}");
+        assert!(
+            head <= tail && tail - head <= size,
+            "head {head} tail {tail} size {size}"
+        );
         let mut a = Audit::default();
         let mut at = head;
         while at < tail {
             let phys = at % size;
             let h = self.ring.header(phys).load(Ordering::Acquire);
             let total = header::total(h);
-            assert!(total >= 8 && phys + total <= size, "bad block at {at}: {h:#x}");
+            assert!(
+                total >= 8 && phys + total <= size,
+                "bad block at {at}: {h:#x}"
+            );
             assert!(at + total <= tail, "block at {at} runs past the tail");
             match header::state(h) {
                 header::ALLOCATING | header::READY | header::DETACHED => a.live_bytes += total,

@@ -58,7 +58,10 @@ enum Outcome {
 impl Evictor {
     /// No claims, cursor at 0.
     pub(super) fn new(start: u64) -> Evictor {
-        Evictor { state: Mutex::new(VecDeque::new()), cursor: AtomicU64::new(start) }
+        Evictor {
+            state: Mutex::new(VecDeque::new()),
+            cursor: AtomicU64::new(start),
+        }
     }
 
     /// The first unclaimed logical address.
@@ -180,7 +183,11 @@ impl BufferPool {
             }
         }
         let total = header::total(h);
-        inflight.push_back(Claim { logical: cursor, total, status: Status::InProgress });
+        inflight.push_back(Claim {
+            logical: cursor,
+            total,
+            status: Status::InProgress,
+        });
         self.evict.cursor.store(cursor + total, Ordering::Release);
         Some((cursor, total))
     }
@@ -215,7 +222,11 @@ impl BufferPool {
                         // stays claimed and unpassed until `finish`, after the callback.
                         let bytes =
                             unsafe { std::slice::from_raw_parts(self.ring.payload(phys), size) };
-                        let mut eg = EvictGuard { guard: &mut guard, phys, detached: false };
+                        let mut eg = EvictGuard {
+                            guard: &mut guard,
+                            phys,
+                            detached: false,
+                        };
                         cb(&mut eg, bytes)?;
                         if eg.detached {
                             bump(&self.counters.evictions, 1);

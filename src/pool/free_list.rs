@@ -58,7 +58,10 @@ impl FreeLists {
     /// Empty lists.
     pub(super) fn new() -> FreeLists {
         let shards = (0..CLASSES * SHARDS)
-            .map(|_| Shard { first: Mutex::new(NIL), len: AtomicUsize::new(0) })
+            .map(|_| Shard {
+                first: Mutex::new(NIL),
+                len: AtomicUsize::new(0),
+            })
             .collect();
         FreeLists { shards }
     }
@@ -150,12 +153,18 @@ impl FreeLists {
         // SAFETY: the block is FREE on this shard and we hold the shard's lock.
         unsafe { unlink(ring, &mut first, phys) };
         s.len.fetch_sub(1, Ordering::Relaxed);
-        hdr.store(header::with_state(h, header::TOMBSTONE, 0), Ordering::Release);
+        hdr.store(
+            header::with_state(h, header::TOMBSTONE, 0),
+            Ordering::Release,
+        );
     }
 
     /// Blocks on all lists (for stats and tests).
     pub(super) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.len.load(Ordering::Relaxed)).sum()
+        self.shards
+            .iter()
+            .map(|s| s.len.load(Ordering::Relaxed))
+            .sum()
     }
 }
 

@@ -39,7 +39,10 @@ impl BufferPool {
         let Location::Disk(page) = loc else {
             panic!("insert_page takes a disk location; map a block with set_mini");
         };
-        assert!(page <= latch::MAX_DISK_PAGE, "disk page {page} does not fit a mapping entry");
+        assert!(
+            page <= latch::MAX_DISK_PAGE,
+            "disk page {page} does not fit a mapping entry"
+        );
         let Some(pid) = self.table.take_id() else {
             panic!("bfkv: all 2^32 page ids are in use");
         };
@@ -52,14 +55,24 @@ impl BufferPool {
     pub(crate) fn read(&self, pid: PageId) -> ReadGuard<'_> {
         let word = self.table.word(pid);
         latch::lock_shared(word);
-        ReadGuard { pool: self, pid, word, _not_send: PhantomData }
+        ReadGuard {
+            pool: self,
+            pid,
+            word,
+            _not_send: PhantomData,
+        }
     }
 
     /// Write-locks `pid` (bounded spin, then park).
     pub(crate) fn write(&self, pid: PageId) -> WriteGuard<'_> {
         let word = self.table.word(pid);
         latch::lock_exclusive(word);
-        WriteGuard { pool: self, pid, word, _not_send: PhantomData }
+        WriteGuard {
+            pool: self,
+            pid,
+            word,
+            _not_send: PhantomData,
+        }
     }
 
     /// Write-locks `pid` if nobody holds it.
@@ -67,8 +80,12 @@ impl BufferPool {
         let word = self.table.word(pid);
         // `then`, not `then_some`: a guard built eagerly would unlock on drop a lock we failed
         // to take.
-        latch::try_lock_exclusive(word)
-            .then(|| WriteGuard { pool: self, pid, word, _not_send: PhantomData })
+        latch::try_lock_exclusive(word).then(|| WriteGuard {
+            pool: self,
+            pid,
+            word,
+            _not_send: PhantomData,
+        })
     }
 
     /// The payload of the block at `addr`, `size` from its header.
@@ -100,7 +117,9 @@ impl<'a> ReadGuard<'a> {
 
     /// The mini-page's bytes, if the page has one.
     pub(crate) fn mini(&self) -> Option<&[u8]> {
-        let Location::Mini(addr) = self.location() else { return None };
+        let Location::Mini(addr) = self.location() else {
+            return None;
+        };
         // SAFETY: the entry maps the block and we hold its read lock: the block stays READY
         // (only a writer detaches it) and nobody writes it (writers need the write lock).
         unsafe {
@@ -112,7 +131,12 @@ impl<'a> ReadGuard<'a> {
     /// Upgrades to the write lock if this is the only reader; otherwise gives this back.
     pub(crate) fn try_upgrade(self) -> Result<WriteGuard<'a>, ReadGuard<'a>> {
         if latch::try_upgrade(self.word) {
-            let guard = WriteGuard { pool: self.pool, pid: self.pid, word: self.word, _not_send: PhantomData };
+            let guard = WriteGuard {
+                pool: self.pool,
+                pid: self.pid,
+                word: self.word,
+                _not_send: PhantomData,
+            };
             std::mem::forget(self);
             Ok(guard)
         } else {
@@ -145,7 +169,9 @@ impl<'a> WriteGuard<'a> {
 
     /// The mini-page's bytes, if the page has one.
     pub(crate) fn mini(&self) -> Option<&[u8]> {
-        let Location::Mini(addr) = self.location() else { return None };
+        let Location::Mini(addr) = self.location() else {
+            return None;
+        };
         // SAFETY: mapped by this entry, whose write lock we hold; `&self` excludes `mini_mut`.
         unsafe {
             let (p, len) = self.pool.mapped_bytes(addr);
@@ -155,7 +181,9 @@ impl<'a> WriteGuard<'a> {
 
     /// The mini-page's bytes, writable, if the page has one.
     pub(crate) fn mini_mut(&mut self) -> Option<&mut [u8]> {
-        let Location::Mini(addr) = self.location() else { return None };
+        let Location::Mini(addr) = self.location() else {
+            return None;
+        };
         // SAFETY: mapped by this entry, whose write lock we hold, so nobody else can reach
         // the block (the evictor takes the same lock first); `&mut self` makes it unique.
         unsafe {
@@ -179,7 +207,10 @@ impl<'a> WriteGuard<'a> {
     /// Points the entry at disk page `page`; returns the previous mini-page, detached.
     /// Panics if `page > MAX_DISK_PAGE` (the store never hands such numbers out).
     pub(crate) fn set_location_disk(&mut self, page: u64) -> Option<DetachedBlock<'a>> {
-        assert!(page <= latch::MAX_DISK_PAGE, "disk page {page} does not fit a mapping entry");
+        assert!(
+            page <= latch::MAX_DISK_PAGE,
+            "disk page {page} does not fit a mapping entry"
+        );
         let old = self.location();
         self.set_location_raw(Location::Disk(page));
         self.detach(old)
@@ -199,7 +230,12 @@ impl<'a> WriteGuard<'a> {
     /// Turns the write lock into a read lock without letting a writer in between.
     pub(crate) fn downgrade(self) -> ReadGuard<'a> {
         latch::downgrade(self.word);
-        let guard = ReadGuard { pool: self.pool, pid: self.pid, word: self.word, _not_send: PhantomData };
+        let guard = ReadGuard {
+            pool: self.pool,
+            pid: self.pid,
+            word: self.word,
+            _not_send: PhantomData,
+        };
         std::mem::forget(self);
         guard
     }
@@ -216,11 +252,18 @@ impl<'a> WriteGuard<'a> {
 
     /// Hands out the block `old` pointed at, if any, as a detached token.
     fn detach(&self, old: Location) -> Option<DetachedBlock<'a>> {
-        let Location::Mini(addr) = old else { return None };
+        let Location::Mini(addr) = old else {
+            return None;
+        };
         let phys = addr.0 * 8;
         set_state(self.pool.ring.header(phys), header::DETACHED, self.pid);
         let size = header::total(self.pool.ring.header(phys).load(Ordering::Acquire)) as usize - 8;
-        Some(DetachedBlock { pool: self.pool, phys, size, _owns: PhantomData })
+        Some(DetachedBlock {
+            pool: self.pool,
+            phys,
+            size,
+            _owns: PhantomData,
+        })
     }
 }
 

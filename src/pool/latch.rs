@@ -33,7 +33,10 @@ pub(super) fn encode(loc: Location) -> u64 {
     match loc {
         Location::Disk(REMOVED_PAGE) => 0,
         Location::Disk(page) => {
-            assert!(page <= MAX_DISK_PAGE, "disk page {page} does not fit a mapping entry");
+            assert!(
+                page <= MAX_DISK_PAGE,
+                "disk page {page} does not fit a mapping entry"
+            );
             TAG_DISK | page
         }
         Location::Mini(addr) => TAG_MINI | (addr.0 & PAYLOAD),
@@ -58,7 +61,9 @@ pub(super) fn set_location(word: &AtomicU64, loc: Location) {
 
 /// Takes a read lock, waiting as long as a writer holds it.
 pub(super) fn lock_shared(word: &AtomicU64) {
-    acquire(word, |w| (w & WRITER == 0 && w & READERS < READERS).then_some(w + 1));
+    acquire(word, |w| {
+        (w & WRITER == 0 && w & READERS < READERS).then_some(w + 1)
+    });
 }
 
 /// Takes the write lock, waiting for every holder to leave.

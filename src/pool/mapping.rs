@@ -40,9 +40,8 @@ impl MappingTable {
         let n = u64::from(pid) / FIRST_SEGMENT + 1;
         let k = (63 - n.leading_zeros()) as usize;
         let offset = (u64::from(pid) - FIRST_SEGMENT * ((1 << k) - 1)) as usize;
-        let segment = self.segments[k].get_or_init(|| {
-            (0..FIRST_SEGMENT << k).map(|_| AtomicU64::new(0)).collect()
-        });
+        let segment = self.segments[k]
+            .get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| AtomicU64::new(0)).collect());
         &segment[offset]
     }
 
@@ -55,7 +54,12 @@ impl MappingTable {
         let mut cur = self.next_id.load(Ordering::Relaxed);
         loop {
             let next = cur.checked_add(1)?;
-            match self.next_id.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.next_id.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Some(cur),
                 Err(now) => cur = now,
             }

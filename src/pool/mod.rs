@@ -19,6 +19,8 @@ mod audit;
 mod evict;
 mod free_list;
 mod guard;
+#[cfg(feature = "internals")]
+pub(crate) mod harness;
 mod latch;
 mod mapping;
 mod ring;
@@ -105,7 +107,9 @@ impl BufferPool {
     /// `Io` if the memory cannot be mapped.
     pub(crate) fn new(capacity: usize, second_chance_percent: u8) -> Result<BufferPool> {
         if capacity < MIN_POOL_SIZE {
-            return Err(Error::InvalidConfig { reason: "buffer pool smaller than 64 KiB" });
+            return Err(Error::InvalidConfig {
+                reason: "buffer pool smaller than 64 KiB",
+            });
         }
         if second_chance_percent > 100 {
             return Err(Error::InvalidConfig {
@@ -143,11 +147,19 @@ impl BufferPool {
         let mut ids: Vec<PageId> = entries.iter().map(|&(pid, _)| pid).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(Error::corruption("mapping table", None, "a page id appears twice"));
+            return Err(Error::corruption(
+                "mapping table",
+                None,
+                "a page id appears twice",
+            ));
         }
         for &(pid, page) in entries {
             if page > MAX_DISK_PAGE {
-                return Err(Error::corruption("mapping table", Some(page), "page number too large"));
+                return Err(Error::corruption(
+                    "mapping table",
+                    Some(page),
+                    "page number too large",
+                ));
             }
             let word = pool.table.word(pid);
             latch::set_location(word, Location::Disk(page));
@@ -163,7 +175,8 @@ impl BufferPool {
             }
         }
         // An id list ending at u32::MAX leaves no fresh ids; `take_id` then uses the free list.
-        pool.table.set_ids(limit.min(u64::from(u32::MAX)) as u32, free);
+        pool.table
+            .set_ids(limit.min(u64::from(u32::MAX)) as u32, free);
         Ok(pool)
     }
 

@@ -89,12 +89,17 @@ impl Ring {
     /// Maps `capacity` bytes, advised for transparent huge pages (failure to advise is fine:
     /// huge pages only reduce TLB misses).
     pub(super) fn new(capacity: usize) -> Result<Ring> {
-        let mut map = MmapMut::map_anon(capacity).map_err(|e| Error::io("<anonymous mapping>", e))?;
+        let mut map =
+            MmapMut::map_anon(capacity).map_err(|e| Error::io("<anonymous mapping>", e))?;
         let _ = map.advise(Advice::HugePage);
         let base = NonNull::new(map.as_mut_ptr()).ok_or(Error::InvalidConfig {
             reason: "the circular buffer mapping returned a null address",
         })?;
-        Ok(Ring { _map: map, base, size: (capacity as u64) & !7 })
+        Ok(Ring {
+            _map: map,
+            base,
+            size: (capacity as u64) & !7,
+        })
     }
 
     /// Bytes available for blocks.

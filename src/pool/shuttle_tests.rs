@@ -13,8 +13,15 @@ fn stamp(bytes: &mut [u8], pid: PageId, byte: u8) {
 
 /// Panics unless `bytes` is an untorn pattern of `pid`.
 fn check(bytes: &[u8], pid: PageId) {
-    assert_eq!(bytes[..4], pid.to_le_bytes(), "a block of page {pid} holds another's bytes");
-    assert!(bytes[4..].iter().all(|&x| x == bytes[4]), "page {pid} is torn");
+    assert_eq!(
+        bytes[..4],
+        pid.to_le_bytes(),
+        "a block of page {pid} holds another's bytes"
+    );
+    assert!(
+        bytes[4..].iter().all(|&x| x == bytes[4]),
+        "page {pid} is torn"
+    );
 }
 
 /// The callback every evictor uses: verify, then detach to a dummy page.
@@ -28,7 +35,9 @@ fn evict_checked(g: &mut EvictGuard<'_, '_>, bytes: &[u8]) -> Result<()> {
 fn worker(pool: &BufferPool, pids: &[PageId], seed: u64) {
     let mut rng = seed;
     for step in 0..4u64 {
-        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let pid = pids[((rng >> 33) % pids.len() as u64) as usize];
         match (rng >> 40) % 3 {
             0 => {
@@ -57,12 +66,16 @@ fn worker(pool: &BufferPool, pids: &[PageId], seed: u64) {
             _ => {
                 // Touching a page near the head copies it to the tail (paper §5.5).
                 let mut w = pool.write(pid);
-                let Location::Mini(addr) = w.location() else { continue };
+                let Location::Mini(addr) = w.location() else {
+                    continue;
+                };
                 if !pool.is_copy_on_access(addr) {
                     continue;
                 }
                 let size = w.mini().map_or(64, <[u8]>::len);
-                let Some(mut block) = pool.alloc(size, pid) else { continue };
+                let Some(mut block) = pool.alloc(size, pid) else {
+                    continue;
+                };
                 if let Some(m) = w.mini() {
                     block.bytes_mut().copy_from_slice(m);
                 }
@@ -77,8 +90,11 @@ fn worker(pool: &BufferPool, pids: &[PageId], seed: u64) {
 
 fn pool_scenario() {
     let pool = Arc::new(BufferPool::new(MIN_POOL_SIZE, 30).unwrap());
-    let pids: Arc<Vec<PageId>> =
-        Arc::new((0..4).map(|i| pool.insert_page(Location::Disk(i)).page_id()).collect());
+    let pids: Arc<Vec<PageId>> = Arc::new(
+        (0..4)
+            .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+            .collect(),
+    );
     let handles: Vec<_> = (0..3u64)
         .map(|t| {
             let (pool, pids) = (pool.clone(), pids.clone());
@@ -98,7 +114,11 @@ fn pool_scenario() {
     // Every freed byte is reused or passed: draining leaves nothing between head and tail.
     while pool.evict_one(&mut evict_checked).unwrap() {}
     let s = pool.stats();
-    assert_eq!((s.ring_bytes, s.bytes_in_use, s.free_listed), (0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.ring_bytes, s.bytes_in_use, s.free_listed),
+        (0, 0, 0),
+        "{s:?}"
+    );
 }
 
 #[test]

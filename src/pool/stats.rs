@@ -65,7 +65,10 @@ impl Counters {
     /// Sums the stripes into a snapshot (ring and free-list figures are filled by the pool).
     pub(super) fn snapshot(&self) -> PoolStats {
         let sum = |f: fn(&Stripe) -> &AtomicU64| -> u64 {
-            self.stripes.iter().map(|s| f(s).load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
+            self.stripes
+                .iter()
+                .map(|s| f(s).load(Ordering::Relaxed))
+                .fold(0, u64::wrapping_add)
         };
         PoolStats {
             bytes_in_use: sum(|s| &s.allocated).wrapping_sub(sum(|s| &s.released)),

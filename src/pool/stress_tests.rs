@@ -16,14 +16,20 @@ fn stamp(bytes: &mut [u8], pid: PageId, byte: u8) {
 
 /// Panics unless `bytes` holds a pattern of `pid`.
 fn check(bytes: &[u8], pid: PageId) {
-    assert_eq!(bytes[..4], pid.to_le_bytes(), "a block of page {pid} holds another page's bytes");
+    assert_eq!(
+        bytes[..4],
+        pid.to_le_bytes(),
+        "a block of page {pid} holds another page's bytes"
+    );
     let b = bytes[4];
     assert!(bytes[4..].iter().all(|&x| x == b), "page {pid} is torn");
 }
 
 fn run(threads: usize, secs: u64, capacity: usize) {
     let pool = BufferPool::new(capacity, 10).unwrap();
-    let pids: Vec<PageId> = (0..PAGES).map(|i| pool.insert_page(Location::Disk(i.into())).page_id()).collect();
+    let pids: Vec<PageId> = (0..PAGES)
+        .map(|i| pool.insert_page(Location::Disk(i.into())).page_id())
+        .collect();
     let next_disk = AtomicU64::new(1 << 20);
     let deadline = Instant::now() + Duration::from_secs(secs);
     std::thread::scope(|s| {
@@ -95,7 +101,10 @@ fn run(threads: usize, secs: u64, capacity: usize) {
         .iter()
         .filter_map(|&p| pool.read(p).mini().map(|m| m.len() as u64 + 8))
         .sum();
-    assert_eq!(mapped, a.live_bytes, "a live block is not mapped by any page");
+    assert_eq!(
+        mapped, a.live_bytes,
+        "a live block is not mapped by any page"
+    );
     assert!(s.evictions > 0 && s.allocs_free_list > 0, "{s:?}");
     let mut drain = |g: &mut EvictGuard<'_, '_>, b: &[u8]| -> Result<()> {
         check(b, g.page_id());

@@ -8,7 +8,9 @@ use crate::error::Error;
 
 /// Gives `pid` a new mini-page of `size` bytes filled with `byte`; the old one is returned.
 fn remap(pool: &BufferPool, pid: PageId, size: usize, byte: u8) -> bool {
-    let Some(mut b) = pool.alloc(size, pid) else { return false };
+    let Some(mut b) = pool.alloc(size, pid) else {
+        return false;
+    };
     b.bytes_mut().fill(byte);
     let mut g = pool.write(pid);
     drop(g.set_mini(b));
@@ -16,7 +18,9 @@ fn remap(pool: &BufferPool, pid: PageId, size: usize, byte: u8) -> bool {
 }
 
 /// An eviction callback that stores the bytes in `disk` under a fresh page number.
-fn to_disk(disk: &mut HashMap<u64, Vec<u8>>) -> impl FnMut(&mut EvictGuard<'_, '_>, &[u8]) -> Result<()> + '_ {
+fn to_disk(
+    disk: &mut HashMap<u64, Vec<u8>>,
+) -> impl FnMut(&mut EvictGuard<'_, '_>, &[u8]) -> Result<()> + '_ {
     move |g, bytes| {
         let page = disk.len() as u64 + 1000;
         disk.insert(page, bytes.to_vec());
@@ -27,8 +31,14 @@ fn to_disk(disk: &mut HashMap<u64, Vec<u8>>) -> impl FnMut(&mut EvictGuard<'_, '
 
 #[test]
 fn config_is_checked() {
-    assert!(matches!(BufferPool::new(MIN_POOL_SIZE - 1, 10), Err(Error::InvalidConfig { .. })));
-    assert!(matches!(BufferPool::new(1 << 20, 101), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        BufferPool::new(MIN_POOL_SIZE - 1, 10),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        BufferPool::new(1 << 20, 101),
+        Err(Error::InvalidConfig { .. })
+    ));
     let pool = BufferPool::new(100_003, 0).unwrap();
     assert_eq!(pool.capacity(), 100_003);
 }
@@ -39,7 +49,9 @@ fn mapped_block_keeps_its_bytes_and_free_list_reuses_memory() {
     let pid = pool.insert_page(Location::Disk(7)).page_id();
     assert!(remap(&pool, pid, 256, 0xAB));
     let r = pool.read(pid);
-    let Location::Mini(first) = r.location() else { panic!("not mapped") };
+    let Location::Mini(first) = r.location() else {
+        panic!("not mapped")
+    };
     assert_eq!(r.mini().unwrap(), &[0xAB; 256][..]);
     drop(r);
     // Growing frees the old block onto a free list; the next 256-byte block reuses it.
@@ -80,7 +92,9 @@ fn frees_in_copy_on_access_region_become_tombstones() {
 #[test]
 fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
     let pool = BufferPool::new(64 << 10, 10).unwrap();
-    let pids: Vec<PageId> = (0..40).map(|i| pool.insert_page(Location::Disk(i)).page_id()).collect();
+    let pids: Vec<PageId> = (0..40)
+        .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+        .collect();
     let mut disk = HashMap::new();
     let mut mapped = Vec::new();
     for (i, &pid) in pids.iter().enumerate() {
@@ -98,12 +112,19 @@ fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
     assert_eq!(evicted, mapped[..evicted.len()].to_vec());
     assert!(evicted.len() >= 40 - 15);
     for (page, bytes) in &disk {
-        let pid = pids.iter().position(|&p| pool.read(p).location() == Location::Disk(*page));
+        let pid = pids
+            .iter()
+            .position(|&p| pool.read(p).location() == Location::Disk(*page));
         let pid = pid.expect("every written page is mapped by its owner");
         assert!(bytes.iter().all(|&b| b == pid as u8));
     }
     for &pid in &pids[evicted.len()..] {
-        assert!(pool.read(pid).mini().unwrap().iter().all(|&b| b == pid as u8));
+        assert!(pool
+            .read(pid)
+            .mini()
+            .unwrap()
+            .iter()
+            .all(|&b| b == pid as u8));
     }
     assert_eq!(pool.stats().evictions, evicted.len() as u64);
     while pool.evict_one(&mut to_disk(&mut disk)).unwrap() {}
@@ -118,7 +139,10 @@ fn failed_eviction_keeps_the_block_and_is_retried() {
     let pid = pool.insert_page(Location::Disk(1)).page_id();
     assert!(remap(&pool, pid, 1024, 0x5A));
     let mut fail = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
-        Err(Error::io("/dev/full", std::io::Error::from_raw_os_error(libc::ENOSPC)))
+        Err(Error::io(
+            "/dev/full",
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        ))
     };
     assert!(matches!(pool.evict_one(&mut fail), Err(Error::Io { .. })));
     assert_eq!(pool.read(pid).mini().unwrap(), &[0x5A; 1024][..]);
@@ -144,12 +168,14 @@ fn free_listed_and_dead_blocks_are_passed_not_evicted() {
     drop(a); // free-listed (no copy-on-access region)
     drop(b);
     assert_eq!(pool.stats().free_listed, 2);
-    let mut never = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
-        panic!("nothing live to evict")
-    };
+    let mut never =
+        |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> { panic!("nothing live to evict") };
     assert!(pool.evict_one(&mut never).unwrap());
     let s = pool.stats();
-    assert_eq!((s.free_listed, s.free_listed_passed, s.ring_bytes), (0, 2, 0));
+    assert_eq!(
+        (s.free_listed, s.free_listed_passed, s.ring_bytes),
+        (0, 2, 0)
+    );
     // The passed memory is handed out again from the tail, not from a stale list entry.
     let c = pool.alloc(128, 3).unwrap();
     assert_eq!(pool.stats().allocs_tail, 3);
@@ -159,7 +185,9 @@ fn free_listed_and_dead_blocks_are_passed_not_evicted() {
 #[test]
 fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
     let pool = BufferPool::new(100_003, 10).unwrap();
-    let pids: Vec<PageId> = (0..64).map(|i| pool.insert_page(Location::Disk(i)).page_id()).collect();
+    let pids: Vec<PageId> = (0..64)
+        .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+        .collect();
     let mut disk = HashMap::new();
     let mut rng = 0x1234_5678_u64;
     let mut expect: HashMap<PageId, (usize, u8)> = HashMap::new();
@@ -186,7 +214,10 @@ fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
         }
     }
     let s = pool.stats();
-    assert!(s.evictions > 0 && s.tombstones_passed > 0 && s.allocs_free_list > 0, "{s:?}");
+    assert!(
+        s.evictions > 0 && s.tombstones_passed > 0 && s.allocs_free_list > 0,
+        "{s:?}"
+    );
 }
 
 #[test]
@@ -215,7 +246,9 @@ fn ids_are_reused_and_tables_round_trip() {
     let mut got = loaded.page_entries();
     got.sort_by_key(|e| e.0);
     assert_eq!(got, vec![(2, Location::Disk(20)), (5, Location::Disk(50))]);
-    let fresh: Vec<PageId> = (0..5).map(|_| loaded.insert_page(Location::Disk(1)).page_id()).collect();
+    let fresh: Vec<PageId> = (0..5)
+        .map(|_| loaded.insert_page(Location::Disk(1)).page_id())
+        .collect();
     assert_eq!(fresh, vec![0, 1, 3, 4, 6]);
     assert!(matches!(
         BufferPool::with_pages(1 << 20, 10, &[(1, 1), (1, 2)]),
@@ -234,7 +267,9 @@ fn guards_lock_the_entry() {
     let r1 = pool.read(pid);
     let r2 = pool.read(pid);
     assert!(pool.try_write(pid).is_none());
-    let Err(r1) = r1.try_upgrade() else { panic!("upgraded with two readers") };
+    let Err(r1) = r1.try_upgrade() else {
+        panic!("upgraded with two readers")
+    };
     drop(r2);
     let mut w = r1.try_upgrade().ok().unwrap();
     assert!(w.set_location_disk(4).is_none());
@@ -249,7 +284,9 @@ fn guards_lock_the_entry() {
 fn dropped_new_block_is_not_leaked() {
     let pool = BufferPool::new(64 << 10, 0).unwrap();
     for _ in 0..1000 {
-        let b = pool.alloc(8192, 0).expect("memory of dropped blocks is reused");
+        let b = pool
+            .alloc(8192, 0)
+            .expect("memory of dropped blocks is reused");
         drop(b);
     }
     assert_eq!(pool.stats().bytes_in_use, 0);
