@@ -41,6 +41,35 @@ fn alloc_dealloc(c: &mut Criterion) {
     g.finish();
 }
 
+/// The same thread layout doing only private arithmetic: how much two threads can scale on
+/// this machine at this moment (the cores are shared), to read the pool's figure against.
+fn baseline(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pool_baseline_private_work");
+    for threads in [1usize, 2] {
+        g.throughput(Throughput::Elements(threads as u64));
+        g.bench_function(format!("{threads}_threads"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..threads {
+                        s.spawn(move || {
+                            let mut x = t as u64 + 1;
+                            for _ in 0..iters * 16 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                            }
+                            std::hint::black_box(x);
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
 fn mapping_locks(c: &mut Criterion) {
     let pool = PoolHarness::new(1 << 20, 10).expect("1 MiB pool");
     let pids: Vec<u32> = (0..1024).map(|i| pool.add_page(i)).collect();
@@ -61,6 +90,6 @@ fn mapping_locks(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = alloc_dealloc, mapping_locks
+    targets = alloc_dealloc, baseline, mapping_locks
 }
 criterion_main!(benches);
