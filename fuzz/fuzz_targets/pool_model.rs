@@ -12,7 +12,11 @@ use libfuzzer_sys::fuzz_target;
 #[derive(Arbitrary, Debug)]
 enum Op {
     /// New mini-page of `64 << class` bytes with this pattern (evicting until it fits).
-    Remap { page: u8, class: u8, pattern: Vec<u8> },
+    Remap {
+        page: u8,
+        class: u8,
+        pattern: Vec<u8>,
+    },
     /// Copy to the tail if near the head.
     Touch { page: u8 },
     /// Drop the mini-page (merged to disk).
@@ -40,12 +44,20 @@ fn expected(size: usize, pattern: &[u8]) -> Vec<u8> {
 
 fuzz_target!(|input: Input| {
     let capacity = (64 + usize::from(input.capacity_kib)) << 10;
-    let Some(pool) = PoolHarness::new(capacity, input.second_chance % 101) else { return };
-    let pids: Vec<u32> = (0..input.pages % 16 + 1).map(|i| pool.add_page(u64::from(i))).collect();
+    let Some(pool) = PoolHarness::new(capacity, input.second_chance % 101) else {
+        return;
+    };
+    let pids: Vec<u32> = (0..input.pages % 16 + 1)
+        .map(|i| pool.add_page(u64::from(i)))
+        .collect();
     let mut model: HashMap<u32, Vec<u8>> = HashMap::new();
     for op in input.ops.iter().take(400) {
         match op {
-            Op::Remap { page, class, pattern } => {
+            Op::Remap {
+                page,
+                class,
+                pattern,
+            } => {
                 let pid = pids[usize::from(*page) % pids.len()];
                 let class = class % 8; // up to 8 KiB: several blocks fit in every capacity
                 let mut tries = 0;
