@@ -127,4 +127,7 @@ pub mod internals {
     pub fn node_decode_check(data: &[u8]) {
         crate::node::decode_check(data);
     }
+
+    /// The buffer pool, driven page by page (fuzz target `pool_model`).
+    pub use crate::pool::harness::PoolHarness;
 }

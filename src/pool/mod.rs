@@ -19,6 +19,8 @@ mod audit;
 mod evict;
 mod free_list;
 mod guard;
+#[cfg(feature = "internals")]
+pub(crate) mod harness;
 mod latch;
 mod mapping;
 mod ring;

@@ -36,7 +36,7 @@ fn run(threads: usize, secs: u64, capacity: usize) {
         for t in 0..threads {
             let (pool, pids, next_disk) = (&pool, &pids, &next_disk);
             s.spawn(move || {
-                let mut rng = 0x9E37_79B9_7F4A_7C15_u64 ^ (t as u64 + 1) * 0x1234_5678;
+                let mut rng = 0x9E37_79B9_7F4A_7C15_u64 ^ ((t as u64 + 1) * 0x1234_5678);
                 let mut evict = |g: &mut EvictGuard<'_, '_>, bytes: &[u8]| -> Result<()> {
                     check(bytes, g.page_id());
                     g.set_location_disk(next_disk.fetch_add(1, Ordering::Relaxed));

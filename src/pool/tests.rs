@@ -196,7 +196,7 @@ fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let pid = pids[(rng % 64) as usize];
-        let size = 64 << (rng >> 8) % 8;
+        let size = 64 << ((rng >> 8) % 8);
         let byte = round as u8;
         while !remap(&pool, pid, size, byte) {
             assert!(pool.evict_one(&mut to_disk(&mut disk)).unwrap());
