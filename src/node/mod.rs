@@ -38,10 +38,11 @@
 //! bounds: never use them for range checks.
 //!
 //! Second consequence, for small nodes: a node of `size` bytes keeps a prefix of at most
-//! `size / 2 - 50` bytes (see [`max_prefix_len`]), so that a 64 B mini-page of a leaf with a
-//! long prefix can still be formatted; its records then store longer suffixes. A copy of such
-//! a node keeps the shorter prefix (the truncated fences cannot restore it); re-`init` with
-//! the exact bounds from the inner node to get it back.
+//! `size - 50` bytes (see [`max_prefix_len`]: the fences must fit), so that a 64 B mini-page
+//! of a leaf with a longer prefix can still be formatted; its records then store longer
+//! suffixes. A copy of such a node keeps the shorter prefix (the truncated fences cannot
+//! restore it); `init` a node with the exact bounds from the inner node to get it back. With
+//! 4 KiB leaf pages this only concerns mini-pages below 256 B and prefixes over 14 bytes.
 //!
 //! # Capacity guarantee
 //!

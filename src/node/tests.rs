@@ -259,13 +259,23 @@ fn small_nodes_keep_a_shorter_prefix() {
         b"0123456789abcdefghij-z".as_slice(),
     );
     let mut b = buf(64);
-    let mut n = NodeMut::init(&mut b, NodeKind::Mini, Some(low), Some(high));
-    assert_eq!(n.as_ref().prefix(), b"");
-    n.upsert(b"0123", b"", RecordKind::Insert).unwrap();
-    valid(n.as_ref());
-    let mut b = buf(128);
     let n = NodeMut::init(&mut b, NodeKind::Mini, Some(low), Some(high));
     assert_eq!(n.as_ref().prefix(), b"0123456789abcd");
+    assert_eq!(n.as_ref().free_space(), 0);
+    assert!(!n.as_ref().fits(low, 0));
+    valid(n.as_ref());
+    // Growing keeps the shorter prefix; a fresh init at the larger size gets all of it.
+    let mut big = buf(128);
+    copy_filtered(n.as_ref(), &mut big, |_, _| true, false).unwrap();
+    let mut g = NodeMut::from_bytes(&mut big);
+    assert_eq!(g.as_ref().prefix(), b"0123456789abcd");
+    g.upsert(b"0123456789abcdefghij-m", b"v", RecordKind::Insert)
+        .unwrap();
+    assert_eq!(g.as_ref().key_suffix(0), b"efghij-m");
+    valid(g.as_ref());
+    let mut b = buf(128);
+    let n = NodeMut::init(&mut b, NodeKind::Mini, Some(low), Some(high));
+    assert_eq!(n.as_ref().prefix(), b"0123456789abcdefghij-");
     valid(n.as_ref());
 }
 
