@@ -250,17 +250,9 @@ fn run(size: usize, prefix: Vec<u8>, finite: bool, ops: Vec<Op>) {
     }
 }
 
-/// Splits the node's records for a node of its size and checks every group. The split is
-/// only guaranteed to succeed for records within the limits of that size (key <= size/4,
-/// key + value <= size/2) and for sizes from 128 B, so other cases are skipped.
+/// Splits the node's records for nodes of its size (one group expected when the node has
+/// the prefix its bounds give at that size) and of half its size, and checks every group.
 fn split_and_check(node: NodeRef<'_>, model: &Model, low: Option<&[u8]>, high: Option<&[u8]>) {
-    let size = node.size();
-    let over = |(k, (v, _, _)): (&Vec<u8>, &(Vec<u8>, RecordKind, bool))| {
-        k.len() > size / 4 || k.len() + v.len() > size / 2
-    };
-    if size < 128 || model.iter().any(over) {
-        return;
-    }
     let records: Vec<Record> = model
         .iter()
         .map(|(k, (v, t, _))| Record {
@@ -269,29 +261,52 @@ fn split_and_check(node: NodeRef<'_>, model: &Model, low: Option<&[u8]>, high: O
             kind: *t,
         })
         .collect();
-    let groups = split_records(&records, node.size(), NodeKind::Leaf, low, high);
-    assert!(!groups.is_empty());
+    let natural = super::layout::effective_prefix(low, high, node.size()) == node.prefix_len();
+    if natural && !records.is_empty() {
+        let groups = split_records(&records, node.size(), NodeKind::Leaf, low, high);
+        assert_eq!(groups.len(), 1, "content of one node split in several");
+    }
+    split_into(&records, node.size(), low, high);
+    split_into(&records, node.size() / 2, low, high);
+}
+
+/// Splits `records` for nodes of `size` bytes, builds and validates every group, and returns
+/// the number of groups. The split is only guaranteed for sizes from 128 B and records within
+/// the limits of that size (key <= size/4, key + value <= size/2); otherwise returns `None`.
+fn split_into(
+    records: &[Record],
+    size: usize,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+) -> Option<usize> {
+    if size < 128
+        || records
+            .iter()
+            .any(|r| r.key.len() > size / 4 || r.key.len() + r.value.len() > size / 2)
+    {
+        return None;
+    }
+    let groups = split_records(records, size, NodeKind::Leaf, low, high);
     let mut seen = 0;
     for (g, (range, glow)) in groups.iter().enumerate() {
         assert_eq!(range.start, seen);
+        assert!(!range.is_empty() || records.is_empty());
         seen = range.end;
         let ghigh = groups.get(g + 1).map_or(high, |n| n.1.as_deref());
-        let mut b = vec![0u8; node.size()];
-        assert!(build(
+        let mut b = vec![0u8; size];
+        let built = build(
             &mut b,
             NodeKind::Leaf,
             glow.as_deref(),
             ghigh,
-            &records[range.clone()]
-        )
-        .is_ok());
+            &records[range.clone()],
+        );
+        assert!(built.is_ok(), "group {g} of {} does not fit", groups.len());
         let r = NodeRef::from_bytes_checked(&b).expect("split group must validate");
         assert_eq!(r.len(), range.len());
     }
     assert_eq!(seen, records.len());
-    if node.len() > 0 && groups.len() > 1 {
-        assert!(groups.len() <= records.len());
-    }
+    Some(groups.len())
 }
 
 proptest! {
