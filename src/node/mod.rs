@@ -51,6 +51,8 @@
 //! 1 KiB key and a 2 KiB record always fit a 4 KiB leaf, whatever its fences.
 
 mod build;
+#[cfg(any(test, feature = "internals"))]
+mod fuzz;
 mod layout;
 mod read;
 mod validate;
@@ -66,11 +68,11 @@ mod tests_prop;
 pub(crate) use build::{
     build, copy_filtered, merge_sorted, shortest_separator, split_records, Record,
 };
+#[cfg(feature = "internals")]
+pub(crate) use fuzz::decode_check;
 #[allow(unused_imports)]
 pub(crate) use layout::max_prefix_len;
 pub(crate) use read::NodeRef;
-#[cfg(feature = "internals")]
-pub(crate) use validate::decode_check;
 pub(crate) use write::NodeMut;
 
 /// Size of the node header in bytes.

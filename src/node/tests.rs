@@ -639,5 +639,17 @@ fn decode_check_accepts_built_nodes() {
     let mut data = vec![6u8]; // 64 << 6 = 4096
     data.extend_from_slice(&b);
     data.extend_from_slice(b"k05k17zzzzk");
-    validate::decode_check(&data);
+    fuzz::decode_check(&data);
+}
+
+#[test]
+fn decode_check_survives_mutated_nodes() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6e6f6465);
+    for _ in 0..3000 {
+        let len = rng.gen_range(1..2000);
+        let mut data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        data[0] |= 0x80;
+        fuzz::decode_check(&data);
+    }
 }
