@@ -31,4 +31,22 @@ pub mod internals {
     pub fn node_decode_check(data: &[u8]) {
         crate::node::decode_check(data);
     }
+
+    /// Bench entry: formats `buf` as an empty node (`mini` = mini-page, else leaf) with
+    /// infinite fences.
+    pub fn node_init(buf: &mut [u8], mini: bool) {
+        let kind = if mini { crate::node::NodeKind::Mini } else { crate::node::NodeKind::Leaf };
+        crate::node::NodeMut::init(buf, kind, None, None);
+    }
+
+    /// Bench entry: upserts an Insert record into a node; false if it does not fit.
+    pub fn node_upsert(buf: &mut [u8], key: &[u8], value: &[u8]) -> bool {
+        let mut node = crate::node::NodeMut::from_bytes(buf);
+        node.upsert(key, value, crate::node::RecordKind::Insert).is_ok()
+    }
+
+    /// Bench entry: the value of `key` in a node, if present.
+    pub fn node_get<'a>(buf: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+        crate::node::NodeRef::from_bytes(buf).get(key).map(|(_, _, v)| v)
+    }
 }
