@@ -28,6 +28,7 @@ fn full_leaf(rng: &mut SmallRng) -> (Vec<u8>, Vec<[u8; 16]>) {
     (page, stored)
 }
 
+/// Lookups of every stored key (hit) and of as many absent random keys (miss).
 fn search(c: &mut Criterion) {
     let mut rng = SmallRng::seed_from_u64(1);
     let (page, stored) = full_leaf(&mut rng);
@@ -51,6 +52,7 @@ fn search(c: &mut Criterion) {
     g.finish();
 }
 
+/// Inserts into a fresh 2 KiB mini-page, and in-place overwrites of the same keys.
 fn upsert(c: &mut Criterion) {
     let mut rng = SmallRng::seed_from_u64(2);
     // 48 records of 16 + 8 bytes plus metas fill about 1.6 KiB: the paper's mini-pages

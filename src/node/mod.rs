@@ -61,6 +61,8 @@ mod write;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_build;
+#[cfg(test)]
 mod tests_prop;
 
 // The tree core (issue 4) is the user of these re-exports; until it lands only tests use them.
