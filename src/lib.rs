@@ -122,6 +122,8 @@ pub mod internals {
         }
     }
 
+    use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};
+
     /// Fuzz entry for the node layout: decodes `data` as a node page and, if it validates,
     /// checks search, bounds and iteration against a linear scan (panics on disagreement).
     pub fn node_decode_check(data: &[u8]) {
@@ -130,4 +132,22 @@ pub mod internals {
 
     /// The buffer pool, driven page by page (fuzz target `pool_model`).
     pub use crate::pool::harness::PoolHarness;
+
+    /// Bench entry: formats `buf` as an empty node (`mini` = mini-page, else leaf) with
+    /// infinite fences.
+    pub fn node_init(buf: &mut [u8], mini: bool) {
+        let kind = [NodeKind::Leaf, NodeKind::Mini][usize::from(mini)];
+        NodeMut::init(buf, kind, None, None);
+    }
+
+    /// Bench entry: upserts an Insert record into a node; false if it does not fit.
+    pub fn node_upsert(buf: &mut [u8], key: &[u8], value: &[u8]) -> bool {
+        let mut node = NodeMut::from_bytes(buf);
+        node.upsert(key, value, RecordKind::Insert).is_ok()
+    }
+
+    /// Bench entry: the value of `key` in a node, if present.
+    pub fn node_get<'a>(buf: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+        NodeRef::from_bytes(buf).get(key).map(|(_, _, v)| v)
+    }
 }

@@ -92,12 +92,13 @@ pub(crate) fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Longest prefix a node of `size` bytes keeps: fences take at most half the node, and the
-/// stored low fence (`prefix + 1` bytes) must fit the 13-bit key-length field.
+/// Longest prefix a node of `size` bytes keeps: its fences (at most `prefix + 2` bytes) must
+/// fit the node, and the stored low fence (`prefix + 1` bytes) the 13-bit length field. Only
+/// nodes smaller than four times the longest key ever hit this cap (mini-pages below 256 B
+/// with 4 KiB pages); keeping as much prefix as fits means a copy to a larger node (which
+/// keeps the prefix) loses as little as possible.
 pub(crate) fn max_prefix_len(size: usize) -> usize {
-    (size / 2)
-        .saturating_sub(FIXED_COST + 2)
-        .min(MAX_KEY_FIELD - 1)
+    size.saturating_sub(FIXED_COST + 2).min(MAX_KEY_FIELD - 1)
 }
 
 /// The prefix a node of `size` bytes with these bounds uses.
@@ -281,8 +282,8 @@ mod tests {
 
     #[test]
     fn prefix_is_capped_by_node_size() {
-        assert_eq!(max_prefix_len(64), 0);
-        assert_eq!(max_prefix_len(128), 14);
+        assert_eq!(max_prefix_len(64), 14);
+        assert_eq!(max_prefix_len(128), 78);
         assert!(max_prefix_len(4096) >= 1024);
         assert_eq!(max_prefix_len(65536), MAX_KEY_FIELD - 1);
         let (l, h): (&[u8], &[u8]) = (
@@ -290,7 +291,7 @@ mod tests {
             b"abcdefghijklmnopqrstuvwxyz2",
         );
         assert_eq!(effective_prefix(Some(l), Some(h), 4096), 26);
-        assert_eq!(effective_prefix(Some(l), Some(h), 128), 14);
+        assert_eq!(effective_prefix(Some(l), Some(h), 64), 14);
         assert_eq!(effective_prefix(None, Some(h), 4096), 0);
         assert_eq!(
             stored_fences(Some(l), Some(h), 26),

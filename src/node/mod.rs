@@ -38,10 +38,11 @@
 //! bounds: never use them for range checks.
 //!
 //! Second consequence, for small nodes: a node of `size` bytes keeps a prefix of at most
-//! `size / 2 - 50` bytes (see [`max_prefix_len`]), so that a 64 B mini-page of a leaf with a
-//! long prefix can still be formatted; its records then store longer suffixes. A copy of such
-//! a node keeps the shorter prefix (the truncated fences cannot restore it); re-`init` with
-//! the exact bounds from the inner node to get it back.
+//! `size - 50` bytes (see [`max_prefix_len`]: the fences must fit), so that a 64 B mini-page
+//! of a leaf with a longer prefix can still be formatted; its records then store longer
+//! suffixes. A copy of such a node keeps the shorter prefix (the truncated fences cannot
+//! restore it); `init` a node with the exact bounds from the inner node to get it back. With
+//! 4 KiB leaf pages this only concerns mini-pages below 256 B and prefixes over 14 bytes.
 //!
 //! # Capacity guarantee
 //!
@@ -50,6 +51,8 @@
 //! 1 KiB key and a 2 KiB record always fit a 4 KiB leaf, whatever its fences.
 
 mod build;
+#[cfg(any(test, feature = "internals"))]
+mod fuzz;
 mod layout;
 mod read;
 mod validate;
@@ -58,6 +61,8 @@ mod write;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_build;
+#[cfg(test)]
 mod tests_prop;
 
 // The tree core (issue 4) is the user of these re-exports; until it lands only tests use them.
@@ -65,11 +70,11 @@ mod tests_prop;
 pub(crate) use build::{
     build, copy_filtered, merge_sorted, shortest_separator, split_records, Record,
 };
+#[cfg(feature = "internals")]
+pub(crate) use fuzz::decode_check;
 #[allow(unused_imports)]
 pub(crate) use layout::max_prefix_len;
 pub(crate) use read::NodeRef;
-#[cfg(feature = "internals")]
-pub(crate) use validate::decode_check;
 pub(crate) use write::NodeMut;
 
 /// Size of the node header in bytes.

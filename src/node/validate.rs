@@ -1,4 +1,4 @@
-//! Validation of untrusted node bytes (pages read from disk), and the fuzz check built on it.
+//! Validation of untrusted node bytes (pages read from disk).
 //!
 //! After [`check`] accepts a buffer, every accessor of `NodeRef` stays in bounds: all record
 //! ranges lie inside the data region (or are empty), the fence slots hold the prefix, and
@@ -153,85 +153,4 @@ impl Claimed {
         }
         true
     }
-}
-
-/// Fuzz check: decodes arbitrary bytes; if accepted, cross-checks search, bounds and
-/// iteration against a linear scan, panicking on any inconsistency. The first bytes of
-/// `data` choose probe keys; the rest is the node (padded or cut to a valid size).
-#[cfg(any(test, feature = "internals"))]
-pub(crate) fn decode_check(data: &[u8]) {
-    use super::{NodeRef, Search};
-    let Some((&sel, rest)) = data.split_first() else {
-        return;
-    };
-    let size = MIN_NODE << (sel % 11);
-    let mut page = vec![0u8; size];
-    let n = rest.len().min(size);
-    page[..n].copy_from_slice(&rest[..n]);
-    let probes = &rest[n..];
-    let Ok(node) = NodeRef::from_bytes_checked(&page) else {
-        return;
-    };
-    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(node.len());
-    let mut key = Vec::new();
-    for i in 0..node.len() {
-        node.key_into(i, &mut key);
-        let _ = (node.value(i), node.record_kind(i), node.ref_bit(i));
-        if let Some(p) = keys.last() {
-            assert!(*p < key, "records not sorted");
-        }
-        keys.push(key.clone());
-    }
-    for i in (0..node.len()).rev() {
-        node.key_into(i, &mut key);
-        assert_eq!(key, keys[i]);
-        assert_eq!(node.search(&key), Search::Found(i));
-        assert_eq!(node.get(&key).map(|g| g.0), Some(i));
-    }
-    let mut probe_keys: Vec<Vec<u8>> = probes.chunks(5).map(<[u8]>::to_vec).collect();
-    for k in &keys {
-        let mut longer = k.clone();
-        longer.push(0);
-        probe_keys.push(longer);
-        probe_keys.push(k[..k.len() / 2].to_vec());
-    }
-    for p in &probe_keys {
-        let lower = keys.iter().filter(|k| *k < p).count();
-        let upper = keys.iter().filter(|k| *k <= p).count();
-        assert_eq!(
-            node.lower_bound(p),
-            lower,
-            "lower_bound disagrees with a scan"
-        );
-        assert_eq!(
-            node.upper_bound(p),
-            upper,
-            "upper_bound disagrees with a scan"
-        );
-        let expect = if upper > lower {
-            Search::Found(lower)
-        } else {
-            Search::NotFound(lower)
-        };
-        assert_eq!(node.search(p), expect);
-        assert_eq!(node.child_index(p), upper.saturating_sub(1));
-    }
-    let _ = (
-        node.free_space(),
-        node.used_bytes(),
-        node.dirty_count(),
-        node.disk_page(),
-        node.flags(),
-    );
-    let _ = (
-        node.low_fence_stored(),
-        node.high_fence_stored(),
-        node.prefix(),
-    );
-    if node.kind() == NodeKind::Inner {
-        for i in 0..node.len() {
-            let _ = node.child(i);
-        }
-    }
-    assert!(node.used_bytes() <= node.size());
 }

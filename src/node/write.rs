@@ -45,7 +45,7 @@ impl<'a> NodeMut<'a> {
         let prefix_len = effective_prefix(low, high, buf.len());
         let (low, high) = stored_fences(low, high, prefix_len);
         let mut node = NodeMut { buf };
-        // Cannot fail: effective_prefix keeps fences within half the node.
+        // Cannot fail: effective_prefix keeps the fences within the node.
         node.format(kind, prefix_len, low, high);
         node
     }
