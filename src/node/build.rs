@@ -118,6 +118,7 @@ pub(crate) fn merge_sorted(leaf: NodeRef<'_>, mini: NodeRef<'_>) -> Vec<Record> 
 
 /// Shortest separator `s` with `a < s <= b` (requires `a < b`): the shortest prefix of `b`
 /// that is greater than `a`.
+#[allow(dead_code)] // used by unit tests and the internals harness
 pub(crate) fn shortest_separator(a: &[u8], b: &[u8]) -> Vec<u8> {
     debug_assert!(a < b, "shortest_separator needs a < b");
     let c = common_prefix_len(a, b);

@@ -1,4 +1,3 @@
-#![allow(dead_code)] // used by the tree core (issue 4); removed when it lands
 //! The one page layout shared by leaf pages, mini-pages and inner nodes (paper §3.2, §3.5).
 //!
 //! A node is a byte slice whose length is a power of two from 64 B to 64 KiB. All integers
@@ -65,15 +64,11 @@ mod tests_build;
 #[cfg(test)]
 mod tests_prop;
 
-// The tree core (issue 4) is the user of these re-exports; until it lands only tests use them.
-#[allow(unused_imports)]
-pub(crate) use build::{
-    build, copy_filtered, merge_sorted, shortest_separator, split_records, Record,
-};
+#[cfg(test)]
+pub(crate) use build::shortest_separator;
+pub(crate) use build::{build, copy_filtered, merge_sorted, split_records, Record};
 #[cfg(feature = "internals")]
 pub(crate) use fuzz::decode_check;
-#[allow(unused_imports)]
-pub(crate) use layout::max_prefix_len;
 pub(crate) use read::NodeRef;
 pub(crate) use write::NodeMut;
 

@@ -52,6 +52,7 @@ impl<'a> NodeRef<'a> {
     }
 
     /// The node's bytes.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn bytes(&self) -> &'a [u8] {
         self.buf
     }
@@ -301,6 +302,7 @@ impl<'a> NodeRef<'a> {
 
     /// Would `upsert(key, value)` succeed (possibly after compaction)? Counts the bytes an
     /// existing record for `key` gives back.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn fits(&self, key: &[u8], value_len: usize) -> bool {
         let Ok(suffix) = self.strip_prefix(key) else {
             return false;

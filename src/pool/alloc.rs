@@ -37,6 +37,8 @@ pub(crate) struct DetachedBlock<'a> {
     /// Physical offset of the header.
     pub(super) phys: u64,
     /// Usable bytes.
+    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
+    // for tests and the internals harness
     pub(super) size: usize,
     /// See `NewBlock`.
     pub(super) _owns: PhantomData<*mut u8>,
@@ -67,6 +69,7 @@ impl NewBlock<'_> {
     }
 
     /// Usable bytes.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn size(&self) -> usize {
         self.size
     }
@@ -80,6 +83,7 @@ impl Drop for NewBlock<'_> {
 
 impl DetachedBlock<'_> {
     /// The block's usable bytes, as they were when it was detached.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: the block is DETACHED and held only by this token; nobody writes it while
         // the token lives, and the head cannot pass it (it is not a tombstone).
@@ -87,6 +91,7 @@ impl DetachedBlock<'_> {
     }
 
     /// Where the block was.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn addr(&self) -> BlockAddr {
         BlockAddr(self.phys / 8)
     }

@@ -86,6 +86,7 @@ impl EvictGuard<'_, '_> {
     }
 
     /// The entry's location (the victim block, until `set_location_disk`).
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn location(&self) -> Location {
         self.guard.location()
     }

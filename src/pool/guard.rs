@@ -76,6 +76,7 @@ impl BufferPool {
     }
 
     /// Write-locks `pid` if nobody holds it.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn try_write(&self, pid: PageId) -> Option<WriteGuard<'_>> {
         let word = self.table.word(pid);
         // `then`, not `then_some`: a guard built eagerly would unlock on drop a lock we failed
@@ -101,6 +102,7 @@ impl BufferPool {
 
 impl<'a> ReadGuard<'a> {
     /// The page id.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn page_id(&self) -> PageId {
         self.pid
     }
@@ -163,6 +165,7 @@ impl<'a> WriteGuard<'a> {
     }
 
     /// Whether the id was removed.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn is_removed(&self) -> bool {
         self.location() == Location::Disk(latch::REMOVED_PAGE)
     }
@@ -228,6 +231,7 @@ impl<'a> WriteGuard<'a> {
     }
 
     /// Turns the write lock into a read lock without letting a writer in between.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn downgrade(self) -> ReadGuard<'a> {
         latch::downgrade(self.word);
         let guard = ReadGuard {

@@ -1,7 +1,8 @@
 //! A safe, lifetime-free driver over the pool for the fuzz targets (feature `internals`):
 //! pages are named by id, and every operation keeps the pool's ownership rules.
 
-use super::{BufferPool, EvictGuard, Location, MIN_BLOCK};
+use super::alloc::MIN_BLOCK;
+use super::{BufferPool, EvictGuard, Location};
 use crate::error::{Error, Result};
 
 /// The pool plus nothing else: each method is one pool operation as the tree would do it.

@@ -72,6 +72,7 @@ pub(super) fn lock_exclusive(word: &AtomicU64) {
 }
 
 /// One attempt at the write lock.
+#[allow(dead_code)] // used by unit tests and the internals harness
 pub(super) fn try_lock_exclusive(word: &AtomicU64) -> bool {
     let mut cur = word.load(Ordering::Relaxed);
     while cur & HOLDERS == 0 {
@@ -97,6 +98,7 @@ pub(super) fn try_upgrade(word: &AtomicU64) -> bool {
 }
 
 /// Write lock to read lock, atomically (no writer can slip in between).
+#[allow(dead_code)] // used by unit tests and the internals harness
 pub(super) fn downgrade(word: &AtomicU64) {
     let old = update(word, Ordering::Release, |w| (w & !WRITER) + 1);
     if old & PARKED != 0 {

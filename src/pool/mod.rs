@@ -1,4 +1,3 @@
-#![allow(dead_code)] // used by the tree core (issue 4); removed when it lands
 //! The buffer pool (paper §3.3, §4): the circular buffer holding every mini-page, and the
 //! mapping table from page ids to locations, whose entries carry the page locks.
 //!
@@ -33,16 +32,9 @@ mod stress_tests;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
 
-// Re-exports for the tree core (issue 4), which is not wired up yet.
-#[allow(unused_imports)]
-pub(crate) use alloc::{DetachedBlock, NewBlock, MAX_BLOCK, MIN_BLOCK};
-#[allow(unused_imports)]
-pub(crate) use evict::{EvictFn, EvictGuard};
-#[allow(unused_imports)]
+pub(crate) use evict::EvictGuard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
-#[allow(unused_imports)]
-pub(crate) use latch::{MAX_DISK_PAGE, REMOVED_PAGE};
-#[allow(unused_imports)]
+pub(crate) use latch::MAX_DISK_PAGE;
 pub(crate) use stats::PoolStats;
 
 use crate::error::{Error, Result};
@@ -94,6 +86,8 @@ pub(crate) struct BufferPool {
     /// Counters.
     counters: Counters,
     /// The configured size in bytes.
+    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
+    // for tests and the internals harness
     capacity: usize,
 }
 
@@ -210,6 +204,7 @@ impl BufferPool {
     }
 
     /// The configured size in bytes.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }

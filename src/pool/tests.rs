@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::alloc::MAX_BLOCK;
 use super::*;
 use crate::error::Error;
 

@@ -112,6 +112,7 @@ impl Allocator {
     }
 
     /// Whether `page` is one of the store's own pages.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(super) fn is_owned(&self, page: PageNo) -> bool {
         self.owned.contains(&page)
     }

@@ -55,6 +55,7 @@ impl PageBuf {
     }
 
     /// Whether the buffer has no bytes (never, for a real page size).
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }

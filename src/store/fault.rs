@@ -252,11 +252,6 @@ impl FaultStore {
         self.disk.state.lock().writes
     }
 
-    /// Flushes the disk has seen.
-    pub(crate) fn disk_syncs(&self) -> u64 {
-        self.disk.state.lock().syncs
-    }
-
     /// Changes the bytes of `page` as reads see them, bypassing checksums; the change is
     /// durable if the page is (corruption tests).
     pub(crate) fn modify_page(&self, page: PageNo, f: impl FnOnce(&mut [u8])) {

@@ -33,6 +33,8 @@ pub(crate) struct FileDisk {
     /// How pages move.
     backend: Backend,
     /// Whether the file is open with `O_DIRECT` (false where the file system refused it).
+    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
+    // for tests and the internals harness
     direct: bool,
 }
 
@@ -71,16 +73,19 @@ impl FileStore {
     }
 
     /// Whether the data file is open with `O_DIRECT`.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn is_direct(&self) -> bool {
         self.disk().direct
     }
 
     /// The data file's path.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn path(&self) -> &Path {
         &self.disk().path
     }
 
     /// The backend this store uses.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn backend(&self) -> Backend {
         self.disk().backend
     }

@@ -1,4 +1,3 @@
-#![allow(dead_code)] // used by the tree core (issue 4); removed when it lands
 //! The page store: the only code that touches a data file.
 //!
 //! One data file of fixed-size pages (page size `P`, a power of two from 4 KiB to 64 KiB)
@@ -61,8 +60,10 @@
 mod alloc;
 mod buf;
 mod disk;
+#[cfg(test)]
 mod fault;
 mod file;
+#[cfg(test)]
 mod mem;
 mod page;
 mod paged;
@@ -76,11 +77,10 @@ mod tests;
 use crate::error::Result;
 
 pub(crate) use buf::PageBuf;
-#[allow(unused_imports)] // used by the tree core (issue 4)
+#[cfg(test)]
 pub(crate) use fault::FaultStore;
-#[allow(unused_imports)] // used by the tree core (issue 4)
 pub(crate) use file::{Backend, FileStore};
-#[allow(unused_imports)] // used by the tree core (issue 4)
+#[cfg(test)]
 pub(crate) use mem::MemStore;
 
 /// A page number: the page's byte offset in the file divided by the page size.
@@ -114,6 +114,7 @@ pub(crate) struct StoreStats {
 /// Fixed-size pages on a (possibly emulated) disk, with checksums and page allocation.
 pub(crate) trait PageStore: Send + Sync + 'static {
     /// The page size in bytes.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     fn page_size(&self) -> usize;
 
     /// Reads `page` into `buf` and verifies its checksum: a torn, bit-flipped, never-written
@@ -125,6 +126,7 @@ pub(crate) trait PageStore: Send + Sync + 'static {
 
     /// Many reads submitted together (one batch, up to the whole slice in flight). Returns the
     /// first error; on error the contents of all `bufs` are unspecified.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()>;
 
     /// Many writes submitted together.

@@ -160,6 +160,7 @@ impl<D: Disk> PagedStore<D> {
     }
 
     /// The medium.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(super) fn disk(&self) -> &D {
         &self.disk
     }
@@ -181,6 +182,7 @@ impl<D: Disk> PagedStore<D> {
     }
 
     /// Verifies every buffer read for `pages`.
+    #[allow(dead_code)] // used by unit tests and the internals harness
     fn verify_all(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()> {
         for (&p, buf) in pages.iter().zip(bufs) {
             page::verify(p, Kind::Data, buf).map_err(|reason| self.corrupt(p, reason))?;

@@ -109,10 +109,10 @@ impl Shared {
                 let mut route = Vec::new();
                 node.key_into(0, &mut route);
                 let records = match disk {
-                    Some(p) => with_page_buf(self.page_size, |buf| -> Result<Vec<Record>> {
-                        self.read_page(p, buf)?;
-                        Ok(node::merge_sorted(self.check_leaf(p, buf)?, node))
-                    })?,
+                    Some(p) => match self.merge_in_place(pid, node, p, after)? {
+                        Ok(action) => return Ok(Ok(action)),
+                        Err(records) => records,
+                    },
                     None => node_records(node)
                         .into_iter()
                         .filter(|r| r.kind.exists())
@@ -201,7 +201,6 @@ impl Shared {
                 ));
             }
             NodeMut::from_bytes(buf).set_disk_page(Some(new_page));
-            self.counters.pages_written.fetch_add(1, Ordering::Relaxed);
             store.write(new_page, buf)
         })
         .inspect_err(|_| {
@@ -215,6 +214,44 @@ impl Shared {
             AfterWrite::Detach => Action::Detach(new_page),
             AfterWrite::Keep => Action::KeepClean(new_page),
         }))
+    }
+
+    /// The common case of writing back a mini-page: read its leaf, merge the dirty records
+    /// into that page buffer in place, write it to a new page. Falls back (returning the
+    /// merged records) when they overflow the page or leave it empty.
+    fn merge_in_place(
+        &self,
+        pid: PageId,
+        mini: NodeRef<'_>,
+        disk: u64,
+        after: AfterWrite,
+    ) -> Result<std::result::Result<Action, Vec<Record>>> {
+        let Some(store) = &self.store else {
+            return Ok(Err(Vec::new()));
+        };
+        with_page_buf(self.page_size, |buf| {
+            self.read_page(disk, buf)?;
+            self.check_leaf(disk, buf)?;
+            let merged = NodeMut::from_bytes(buf).merge_from(mini);
+            // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
+            // by the general path.
+            if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
+                return Ok(Err(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
+            }
+            self.counters.write_backs.fetch_add(1, Ordering::Relaxed);
+            let new_page = store.allocate()?;
+            NodeMut::from_bytes(buf).set_disk_page(Some(new_page));
+            if let Err(e) = store.write(new_page, buf) {
+                let _ = store.free(new_page);
+                return Err(e);
+            }
+            self.pages.supersede(self, disk);
+            self.pages.written(pid, new_page);
+            Ok(Ok(match after {
+                AfterWrite::Detach => Action::Detach(new_page),
+                AfterWrite::Keep => Action::KeepClean(new_page),
+            }))
+        })
     }
 
     /// Removes an emptied leaf from the structure. Its page id is freed later by
@@ -299,9 +336,6 @@ impl Shared {
             }
             return Err(e);
         }
-        self.counters
-            .pages_written
-            .fetch_add(pages.len() as u64, Ordering::Relaxed);
         let mut entries = vec![Entry {
             key: low.clone().unwrap_or_default(),
             child: ChildRef::Leaf(pid),

@@ -430,7 +430,6 @@ impl Shared {
                 "in-memory tree has no disk pages",
             ));
         };
-        self.counters.pages_read.fetch_add(1, Ordering::Relaxed);
         store.read(page, buf)
     }
 

@@ -30,10 +30,16 @@ pub struct Stats {
     pub leaves_removed: u64,
     /// Blocks evicted from the buffer.
     pub evictions: u64,
-    /// Leaf pages read from disk.
+    /// Pages read from the data file.
     pub pages_read: u64,
-    /// Leaf pages written to disk.
+    /// Pages written to the data file.
     pub pages_written: u64,
+    /// Data-file syncs (fdatasync).
+    pub data_syncs: u64,
+    /// Data-file pages holding leaves or store metadata.
+    pub disk_pages_in_use: u64,
+    /// Data-file pages free for reuse.
+    pub disk_pages_free: u64,
     /// Completed checkpoints.
     pub checkpoints: u64,
     /// Writes (inserts and removes) applied to a mini-page or mirror.
@@ -53,8 +59,6 @@ pub(crate) struct Counters {
     pub(crate) write_backs: AtomicU64,
     pub(crate) splits: AtomicU64,
     pub(crate) leaves_removed: AtomicU64,
-    pub(crate) pages_read: AtomicU64,
-    pub(crate) pages_written: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
     pub(crate) writes_buffered: AtomicU64,
 }
@@ -62,6 +66,7 @@ pub(crate) struct Counters {
 impl Shared {
     pub(crate) fn stats(&self) -> Stats {
         let c = &self.counters;
+        let store = self.store.as_ref().map(|s| s.stats()).unwrap_or_default();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             cache_hits: get(&c.cache_hits),
@@ -75,8 +80,11 @@ impl Shared {
             splits: get(&c.splits),
             leaves_removed: get(&c.leaves_removed),
             evictions: self.pool.stats().evictions,
-            pages_read: get(&c.pages_read),
-            pages_written: get(&c.pages_written),
+            pages_read: store.reads,
+            pages_written: store.writes,
+            data_syncs: store.syncs,
+            disk_pages_in_use: store.allocated_pages,
+            disk_pages_free: store.free_pages,
             checkpoints: get(&c.checkpoints),
             writes_buffered: get(&c.writes_buffered),
         }
