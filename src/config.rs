@@ -58,6 +58,7 @@ pub struct Config {
     pub(crate) second_chance_percent: u8,
     pub(crate) promotion_percent: u8,
     pub(crate) merge_threshold: usize,
+    pub(crate) evictor_threads: usize,
 }
 
 impl Config {
@@ -81,6 +82,7 @@ impl Config {
             second_chance_percent: 10,
             promotion_percent: 5,
             merge_threshold: 2 << 10,
+            evictor_threads: 2,
         }
     }
 
@@ -130,6 +132,14 @@ impl Config {
         self
     }
 
+    /// Background threads that write cold mini-pages back to disk ahead of need, so writers
+    /// seldom wait for it and several writes are in flight at once. Default 2; 0 makes every
+    /// eviction happen in the thread that needs the room. File-backed trees only.
+    pub fn evictor_threads(mut self, threads: usize) -> Self {
+        self.evictor_threads = threads;
+        self
+    }
+
     /// The configured cache size in bytes.
     pub fn get_cache_size(&self) -> usize {
         self.cache_size
@@ -167,6 +177,9 @@ impl Config {
         }
         if self.merge_threshold < 64 || self.merge_threshold > self.page_size {
             return bad("merge threshold must be from 64 bytes to the page size");
+        }
+        if self.evictor_threads > 64 {
+            return bad("at most 64 evictor threads");
         }
         Ok(())
     }

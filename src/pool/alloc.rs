@@ -37,8 +37,7 @@ pub(crate) struct DetachedBlock<'a> {
     /// Physical offset of the header.
     pub(super) phys: u64,
     /// Usable bytes.
-    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
-    // for tests and the internals harness
+    #[allow(dead_code)] // used by unit tests and the internals harness
     pub(super) size: usize,
     /// See `NewBlock`.
     pub(super) _owns: PhantomData<*mut u8>,

@@ -33,8 +33,7 @@ pub(crate) struct FileDisk {
     /// How pages move.
     backend: Backend,
     /// Whether the file is open with `O_DIRECT` (false where the file system refused it).
-    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
-    // for tests and the internals harness
+    #[allow(dead_code)] // used by unit tests and the internals harness
     direct: bool,
 }
 

@@ -17,6 +17,7 @@
 #[cfg(test)]
 mod check;
 mod evict;
+mod evictor;
 mod inner;
 mod leaf;
 mod persist;
@@ -97,6 +98,7 @@ pub(crate) type Attempt<T> = Result<std::result::Result<T, Restart>>;
 /// ```
 pub struct Tree {
     shared: std::sync::Arc<Shared>,
+    evictors: evictor::Evictors,
 }
 
 impl Tree {
@@ -110,9 +112,16 @@ impl Tree {
     /// damaged, [`Error::Io`] for operating-system failures.
     pub fn open(config: Config) -> Result<Tree> {
         config.validate()?;
-        let shared = persist::open(config)?;
+        // Shuttle explores the foreground paths only: no background threads in its models.
+        let threads = if cfg!(feature = "shuttle") {
+            0
+        } else {
+            config.evictor_threads
+        };
+        let shared = std::sync::Arc::new(persist::open(config)?);
         Ok(Tree {
-            shared: std::sync::Arc::new(shared),
+            evictors: evictor::Evictors::start(&shared, threads),
+            shared,
         })
     }
 
@@ -125,7 +134,9 @@ impl Tree {
     pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
         let (key, value) = (key.as_ref(), value.as_ref());
         self.shared.limits.check(key, value)?;
-        self.shared.write(key, WriteOp::Put(value))
+        self.shared.write(key, WriteOp::Put(value))?;
+        self.after_write();
+        Ok(())
     }
 
     /// Removes `key`. Removing an absent key is not an error.
@@ -135,7 +146,9 @@ impl Tree {
     pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<()> {
         let key = key.as_ref();
         self.shared.limits.check(key, &[])?;
-        self.shared.write(key, WriteOp::Delete)
+        self.shared.write(key, WriteOp::Delete)?;
+        self.after_write();
+        Ok(())
     }
 
     /// The value stored under `key`, if any.
@@ -195,13 +208,25 @@ impl Tree {
     ///
     /// # Errors
     /// As [`Tree::checkpoint`].
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
+        self.stop_background();
         self.shared.close()
+    }
+
+    fn stop_background(&mut self) {
+        self.evictors.stop();
     }
 
     /// Counters describing what the tree has done so far (cheap to read).
     pub fn stats(&self) -> Stats {
         self.shared.stats()
+    }
+
+    /// Wakes the evictors early when a write left the buffer short of room.
+    fn after_write(&self) {
+        if self.shared.short_of_room() {
+            self.evictors.nudge();
+        }
     }
 
     /// The key and value size limits of this tree.
@@ -212,6 +237,7 @@ impl Tree {
 
 impl Drop for Tree {
     fn drop(&mut self) {
+        self.stop_background();
         let _ = self.shared.close();
     }
 }
