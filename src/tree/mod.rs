@@ -22,6 +22,8 @@ mod inner;
 mod leaf;
 mod persist;
 mod scan;
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
 mod stats;
 #[cfg(test)]
 mod tests;
