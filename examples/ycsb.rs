@@ -1,0 +1,567 @@
+//! The bfkv demo: YCSB on a dataset larger than the cache.
+//!
+//! `cargo run --release --example ycsb` loads 1M records (16-byte keys and values) into a
+//! temporary directory with a 4 MiB cache, runs YCSB A, B, C, E and F (Zipf 0.9, 2 threads,
+//! 8 s each) and prints throughput, latency percentiles, the cache hit ratio and disk pages
+//! read and written per operation. `--help` lists the options; workloads and record format
+//! are those of `WORKLOADS.md` (crate `bfkv-workload`).
+//!
+//! Every value read back is checked against the record it belongs to, so a wrong answer
+//! fails the run instead of inflating its throughput.
+
+use std::error::Error as StdError;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bfkv::{Config, Durability, IoBackend, Stats, Tree};
+use bfkv_workload::{decode_value, key, write_value, Distribution, Op, OpGen, Phase, KEY_LEN};
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Any failure of the demo, reported by `main`.
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// YCSB workloads against bfkv on a dataset larger than its cache.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    about = "YCSB workloads against bfkv on a dataset larger than its cache",
+    long_about = None
+)]
+struct Args {
+    /// Workloads to run after the load, in order: letters of A B C E F U, comma-separated.
+    #[arg(short, long, default_value = "A,B,C,E,F", value_delimiter = ',', value_parser = parse_phases)]
+    workloads: Vec<Phase>,
+    /// Records loaded before the workloads.
+    #[arg(short = 'n', long, default_value_t = 1_000_000)]
+    records: u64,
+    /// Key size in bytes (>= 8): 8 bytes of the record's hash, then zeros.
+    #[arg(long, default_value_t = KEY_LEN)]
+    key_size: usize,
+    /// Value size in bytes (>= 16; 100 is the large-value variant).
+    #[arg(long, default_value_t = 16)]
+    value_size: usize,
+    /// Record choice: `zipf` (θ = 0.9), `zipf:<θ>` or `uniform`.
+    #[arg(short, long, default_value = "zipf", value_parser = parse_distribution)]
+    distribution: Distribution,
+    /// Worker threads.
+    #[arg(short, long, default_value_t = 2)]
+    threads: usize,
+    /// Cache (circular buffer) size: bytes, or with a K/M/G suffix (binary units).
+    #[arg(short, long, default_value = "4M", value_parser = parse_size)]
+    cache_size: usize,
+    /// When writes become durable.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::None)]
+    durability: DurabilityArg,
+    /// Page-store backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    io_backend: BackendArg,
+    /// Seconds per workload (ignored with --ops).
+    #[arg(long, default_value_t = 8.0)]
+    duration: f64,
+    /// Operations per workload, split over the threads (instead of --duration).
+    #[arg(long)]
+    ops: Option<u64>,
+    /// Directory for the database (default: a temporary directory, removed at the end).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seed of the operation streams.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print the results as JSON on stdout (progress and notes go to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--durability` values.
+#[derive(ValueEnum, Debug, Clone, Copy)]
+enum DurabilityArg {
+    /// No log; durable at flush/close.
+    None,
+    /// Log written to the OS, synced in the background.
+    Buffered,
+    /// Log synced before a write returns.
+    Sync,
+}
+
+/// `--io-backend` values.
+#[derive(ValueEnum, Debug, Clone, Copy)]
+enum BackendArg {
+    /// io_uring on Linux.
+    Auto,
+    /// io_uring.
+    Uring,
+    /// pread/pwrite.
+    Pread,
+}
+
+/// Parses a workload list such as `A,C,E`.
+fn parse_phases(s: &str) -> Result<Phase, String> {
+    let mut chars = s.trim().chars();
+    match (chars.next().and_then(Phase::from_letter), chars.next()) {
+        (Some(p), None) if p != Phase::Load => Ok(p),
+        _ => Err(format!("`{s}` is not one of A B C E F U")),
+    }
+}
+
+/// Parses `zipf`, `zipf:<θ>` or `uniform`.
+fn parse_distribution(s: &str) -> Result<Distribution, String> {
+    match s.split_once(':') {
+        _ if s == "uniform" => Ok(Distribution::Uniform),
+        _ if s == "zipf" => Ok(Distribution::Zipf(bfkv_workload::DEFAULT_THETA)),
+        Some(("zipf", t)) => match t.parse::<f64>() {
+            Ok(theta) if theta > 0.0 && theta < 1.0 => Ok(Distribution::Zipf(theta)),
+            _ => Err(format!("θ must be a number in (0, 1), got `{t}`")),
+        },
+        _ => Err(format!("`{s}`: expected zipf, zipf:<θ> or uniform")),
+    }
+}
+
+/// Parses `4096`, `64K`, `32M`, `1G`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s
+        .trim()
+        .trim_end_matches(['B', 'b'])
+        .trim_end_matches(['i']);
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("`{s}` is not a size like 4096, 64K, 32M or 1G"))
+}
+
+/// What one phase measured.
+struct PhaseResult {
+    /// Phase letter.
+    phase: Phase,
+    /// Operations completed.
+    ops: u64,
+    /// Wall time of the phase.
+    elapsed: Duration,
+    /// Per-operation latency in nanoseconds, all threads.
+    latency: Histogram<u64>,
+    /// Counter deltas over the phase.
+    stats: Stats,
+}
+
+impl PhaseResult {
+    /// Operations per second.
+    fn throughput(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Share of lookups answered from memory, if there were any.
+    fn hit_ratio(&self) -> Option<f64> {
+        let total = self.stats.cache_hits + self.stats.cache_misses;
+        (total > 0).then(|| self.stats.cache_hits as f64 / total as f64)
+    }
+
+    /// A counter per operation.
+    fn per_op(&self, n: u64) -> f64 {
+        n as f64 / self.ops.max(1) as f64
+    }
+
+    /// Latency at quantile `q` in microseconds.
+    fn micros(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1e3
+    }
+}
+
+/// Counter deltas `after - before` for the fields the report uses.
+fn stats_delta(before: &Stats, after: &Stats) -> Stats {
+    let mut d = *after;
+    d.cache_hits -= before.cache_hits;
+    d.cache_misses -= before.cache_misses;
+    d.promotions -= before.promotions;
+    d.merges -= before.merges;
+    d.evictions -= before.evictions;
+    d.pages_read -= before.pages_read;
+    d.pages_written -= before.pages_written;
+    d.splits -= before.splits;
+    d
+}
+
+/// Per-thread settings shared by the workers of one phase.
+struct Worker<'a> {
+    /// The tree under test.
+    tree: &'a Tree,
+    /// Key length.
+    key_size: usize,
+    /// Value length.
+    value_size: usize,
+    /// Operations completed by all threads (drives the progress bar).
+    done: &'a AtomicU64,
+    /// Set by the first thread that fails, so the others stop.
+    stop: &'a AtomicBool,
+}
+
+impl Worker<'_> {
+    /// Record `i`'s key at the configured length.
+    fn key(&self, i: u64) -> Vec<u8> {
+        let mut k = key(i).to_vec();
+        k.resize(self.key_size, 0);
+        k
+    }
+
+    /// Checks that `value` is record `i`'s; returns its version.
+    fn check(&self, i: u64, value: Option<Vec<u8>>) -> Result<u64, BoxError> {
+        let v = value.ok_or_else(|| format!("record {i} is missing"))?;
+        match decode_value(&v) {
+            Some((r, version)) if r == i && v.len() == self.value_size => Ok(version),
+            _ => Err(format!("record {i} read back a wrong value ({} bytes)", v.len()).into()),
+        }
+    }
+
+    /// Executes one operation.
+    fn run(&self, op: Op, value: &mut [u8]) -> Result<(), BoxError> {
+        match op {
+            Op::Read(i) => {
+                self.check(i, self.tree.get(self.key(i))?)?;
+            }
+            Op::Update { record, version } => {
+                write_value(value, record, version);
+                self.tree.insert(self.key(record), &*value)?;
+            }
+            Op::Insert(i) => {
+                write_value(value, i, 0);
+                self.tree.insert(self.key(i), &*value)?;
+            }
+            Op::Scan { start, len } => {
+                let mut seen = 0;
+                for kv in self.tree.range(self.key(start)..).take(len) {
+                    let (_, v) = kv?;
+                    decode_value(&v).ok_or("scan returned a malformed value")?;
+                    seen += 1;
+                }
+                if seen == 0 {
+                    return Err(format!("scan from record {start} returned nothing").into());
+                }
+            }
+            Op::ReadModifyWrite(i) => {
+                let version = self.check(i, self.tree.get(self.key(i))?)?;
+                write_value(value, i, version + 1);
+                self.tree.insert(self.key(i), &*value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `ops` until it ends, `deadline` passes, or `budget` operations are done.
+    fn drive(
+        &self,
+        ops: OpGen,
+        deadline: Option<Instant>,
+        budget: u64,
+    ) -> Result<(u64, Histogram<u64>, Instant), BoxError> {
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        let mut value = vec![0u8; self.value_size];
+        let mut count = 0;
+        for op in ops.take(budget as usize) {
+            let t0 = Instant::now();
+            if let Err(e) = self.run(op, &mut value) {
+                self.stop.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+            let t1 = Instant::now();
+            hist.saturating_record((t1 - t0).as_nanos() as u64);
+            count += 1;
+            // Publishing every op would make the counter a shared hot line.
+            if count % 256 == 0 {
+                self.done.fetch_add(256, Ordering::Relaxed);
+                if deadline.is_some_and(|d| t1 >= d) || self.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+        }
+        self.done.fetch_add(count % 256, Ordering::Relaxed);
+        Ok((count, hist, Instant::now()))
+    }
+}
+
+/// Runs one phase on `threads` threads and returns what it measured.
+fn run_phase(
+    tree: &Tree,
+    args: &Args,
+    phase: Phase,
+    next_insert: &Arc<AtomicU64>,
+) -> Result<PhaseResult, BoxError> {
+    let threads = args.threads.max(1);
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let worker = Worker {
+        tree,
+        key_size: args.key_size,
+        value_size: args.value_size,
+        done: &done,
+        stop: &stop,
+    };
+    let (deadline_len, budget, bar_len) = match (phase, args.ops) {
+        (Phase::Load, _) => (None, u64::MAX, args.records),
+        (_, Some(n)) => (None, n.div_ceil(threads as u64), n),
+        (_, None) => {
+            let d = Duration::from_secs_f64(args.duration.max(0.1));
+            (Some(d), u64::MAX, d.as_millis() as u64)
+        }
+    };
+    let bar = progress_bar(phase, bar_len, args.json);
+    let before = tree.stats();
+    let start = Instant::now();
+    let deadline = deadline_len.map(|d| start + d);
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let gen = OpGen::new(
+                    phase,
+                    args.records,
+                    args.distribution,
+                    args.seed,
+                    t,
+                    threads,
+                    next_insert.clone(),
+                );
+                let worker = &worker;
+                s.spawn(move || match gen {
+                    Some(gen) => worker.drive(gen, deadline, budget),
+                    None => Err("no records to choose from".into()),
+                })
+            })
+            .collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(100));
+            let pos = match deadline_len {
+                Some(_) => start.elapsed().as_millis() as u64,
+                None => done.load(Ordering::Relaxed),
+            };
+            bar.set_position(pos.min(bar_len));
+            bar.set_message(format!("{} ops", done.load(Ordering::Relaxed)));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect::<Vec<_>>()
+    });
+    bar.finish_and_clear();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut ops = 0;
+    // The phase ends when its last worker does, not when the progress loop notices.
+    let mut end = start;
+    for r in results {
+        let (n, h, finished) = r?;
+        ops += n;
+        latency.add(h)?;
+        end = end.max(finished);
+    }
+    let elapsed = end - start;
+    Ok(PhaseResult {
+        phase,
+        ops,
+        elapsed,
+        latency,
+        stats: stats_delta(&before, &tree.stats()),
+    })
+}
+
+/// The progress bar of one phase (hidden with `--json`).
+fn progress_bar(phase: Phase, len: u64, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let name = if phase == Phase::Load {
+        "load".to_string()
+    } else {
+        format!("YCSB-{}", phase.letter())
+    };
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{prefix:>7} [{elapsed_precise}] {wide_bar} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(name);
+    bar
+}
+
+/// Total size of the regular files directly in `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Peak resident set of this process in bytes (Linux; 0 elsewhere).
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib << 10)
+        })
+        .unwrap_or(0)
+}
+
+/// Prints the results as an aligned table.
+fn print_table(results: &[PhaseResult]) {
+    println!(
+        "{:<7} {:>10} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8}",
+        "phase", "ops", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "hit %", "reads/op", "writes/op"
+    );
+    for r in results {
+        let name = match r.phase {
+            Phase::Load => "load".to_string(),
+            p => format!("YCSB-{}", p.letter()),
+        };
+        let hit = r
+            .hit_ratio()
+            .map_or("-".into(), |h| format!("{:.1}", h * 100.0));
+        println!(
+            "{:<7} {:>10} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>8.3} {:>8.3}",
+            name,
+            r.ops,
+            r.throughput(),
+            r.micros(0.5),
+            r.micros(0.99),
+            r.micros(0.999),
+            hit,
+            r.per_op(r.stats.pages_read),
+            r.per_op(r.stats.pages_written),
+        );
+    }
+}
+
+/// Prints the results as one JSON object.
+fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
+    let dist = match args.distribution {
+        Distribution::Uniform => "\"uniform\"".to_string(),
+        Distribution::Zipf(t) => format!("\"zipf:{t}\""),
+    };
+    let phases: Vec<String> = results
+        .iter()
+        .map(|r| {
+            format!(
+                concat!(
+                    "{{\"phase\":\"{}\",\"ops\":{},\"seconds\":{:.3},\"ops_per_sec\":{:.1},",
+                    "\"p50_us\":{:.2},\"p99_us\":{:.2},\"p999_us\":{:.2},\"hit_ratio\":{},",
+                    "\"pages_read_per_op\":{:.4},\"pages_written_per_op\":{:.4},",
+                    "\"evictions\":{},\"merges\":{},\"promotions\":{},\"splits\":{}}}"
+                ),
+                r.phase.letter(),
+                r.ops,
+                r.elapsed.as_secs_f64(),
+                r.throughput(),
+                r.micros(0.5),
+                r.micros(0.99),
+                r.micros(0.999),
+                r.hit_ratio().map_or("null".into(), |h| format!("{h:.4}")),
+                r.per_op(r.stats.pages_read),
+                r.per_op(r.stats.pages_written),
+                r.stats.evictions,
+                r.stats.merges,
+                r.stats.promotions,
+                r.stats.splits,
+            )
+        })
+        .collect();
+    println!(
+        concat!(
+            "{{\"records\":{},\"key_size\":{},\"value_size\":{},\"distribution\":{},",
+            "\"threads\":{},\"cache_size\":{},\"durability\":\"{:?}\",",
+            "\"disk_bytes_after_load\":{},\"disk_bytes_at_end\":{},\"peak_rss\":{},",
+            "\"phases\":[{}]}}"
+        ),
+        args.records,
+        args.key_size,
+        args.value_size,
+        dist,
+        args.threads,
+        args.cache_size,
+        args.durability,
+        disk.0,
+        disk.1,
+        peak_rss(),
+        phases.join(",")
+    );
+}
+
+/// Opens the tree, runs the load and the workloads, prints the report.
+fn run(args: &Args) -> Result<(), BoxError> {
+    if args.key_size < 8 || args.value_size < 16 {
+        return Err("--key-size must be >= 8 and --value-size >= 16".into());
+    }
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    let durability = match args.durability {
+        DurabilityArg::None => Durability::None,
+        DurabilityArg::Buffered => Durability::Buffered,
+        DurabilityArg::Sync => Durability::Sync,
+    };
+    let backend = match args.io_backend {
+        BackendArg::Auto => IoBackend::Auto,
+        BackendArg::Uring => IoBackend::IoUring,
+        BackendArg::Pread => IoBackend::Pread,
+    };
+    let config = Config::new(&dir)
+        .cache_size(args.cache_size)
+        .durability(durability)
+        .io_backend(backend);
+    let tree = Tree::open(config)?;
+    let raw = args.records * (args.key_size + args.value_size) as u64;
+    eprintln!(
+        "bfkv YCSB: {} records ({} B keys, {} B values, {:.0} MiB raw), cache {:.1} MiB, {} threads, {:?}, durability {:?}, in {}",
+        args.records,
+        args.key_size,
+        args.value_size,
+        raw as f64 / (1 << 20) as f64,
+        args.cache_size as f64 / (1 << 20) as f64,
+        args.threads,
+        args.distribution,
+        args.durability,
+        dir.display()
+    );
+    let next_insert = Arc::new(AtomicU64::new(args.records));
+    let mut results = vec![run_phase(&tree, args, Phase::Load, &next_insert)?];
+    let after_load = dir_bytes(&dir);
+    for &phase in &args.workloads {
+        results.push(run_phase(&tree, args, phase, &next_insert)?);
+    }
+    tree.close()?;
+    let at_end = dir_bytes(&dir);
+    if args.json {
+        print_json(args, &results, (after_load, at_end));
+    } else {
+        print_table(&results);
+        println!(
+            "disk: {:.1} MiB after load, {:.1} MiB at end; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
+            after_load as f64 / (1 << 20) as f64,
+            at_end as f64 / (1 << 20) as f64,
+            peak_rss() as f64 / (1 << 20) as f64,
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("ycsb: {e}");
+        std::process::exit(1);
+    }
+}
