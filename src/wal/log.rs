@@ -17,6 +17,9 @@ use crate::Durability;
 /// commits cannot grow the buffer without bound.
 const BUFFER_LIMIT: usize = 8 << 20;
 
+/// Most yields a group-commit leader makes while more records keep arriving.
+const GATHER_YIELDS: u32 = 4;
+
 /// The write-ahead log of one tree. `Send + Sync`; every method takes `&self`.
 #[derive(Debug)]
 pub(crate) struct Wal {
@@ -479,6 +482,7 @@ impl Shared {
             }
             g.leading = true;
             drop(g);
+            self.gather();
             let res = self.write_and_sync();
             let waiters = {
                 let mut g = self.group.lock();
@@ -489,6 +493,23 @@ impl Shared {
                 w.unpark();
             }
             res?;
+        }
+    }
+
+    /// Lets committers about to append join the leader's sync. The waiters the last leader
+    /// woke need a time slice to append their next record; without one, a leader that commits
+    /// again at once syncs its own record alone and the batches alternate between 1 and
+    /// n - 1 records (measured 0.47 fsyncs/op at 4 threads on 2 cores). So yield while the
+    /// buffer keeps growing, a few times at most; alone, this costs one `sched_yield`.
+    fn gather(&self) {
+        let mut seen = self.appended.load(Ordering::Acquire);
+        for _ in 0..GATHER_YIELDS {
+            crate::sync::yield_now();
+            let now = self.appended.load(Ordering::Acquire);
+            if now == seen {
+                break;
+            }
+            seen = now;
         }
     }
 

@@ -455,17 +455,19 @@ fn buffered_commit_writes_and_the_flusher_syncs() {
     assert_eq!(wal.stats().syncs, syncs, "no sync without new records");
 }
 
-#[test]
-fn sync_commits_from_four_threads_share_fsyncs() {
+/// Four threads append and commit under `Sync`, starting together; returns the fsyncs per
+/// operation after checking every committed record is in the log, in LSN order.
+fn four_thread_sync_run(per_thread: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let wal = Wal::open(dir.path(), config(64 << 10, Durability::Sync)).expect("open");
-    let per_thread = 150;
+    let start = std::sync::Barrier::new(4);
     let written: Vec<Vec<(Lsn, Rec)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4u64)
             .map(|t| {
-                let wal = &wal;
+                let (wal, start) = (&wal, &start);
                 s.spawn(move || {
                     let recs = random_records(100 + t, per_thread, 64);
+                    start.wait();
                     let lsns = write_all(wal, &recs);
                     lsns.into_iter().zip(recs).collect::<Vec<_>>()
                 })
@@ -479,18 +481,6 @@ fn sync_commits_from_four_threads_share_fsyncs() {
     let st = wal.stats();
     let ops = 4 * per_thread as u64;
     assert_eq!(st.appends, ops);
-    // Every commit is durable, so at most one sync per op (plus segment switches); sharing
-    // is measured precisely by the bench, on a quiet machine.
-    assert!(
-        st.syncs <= ops + st.segments,
-        "{} syncs for {ops} ops",
-        st.syncs
-    );
-    eprintln!(
-        "4 threads: {} fsyncs for {ops} ops ({:.2}/op)",
-        st.syncs,
-        st.syncs as f64 / ops as f64
-    );
     drop(wal);
     let mut all: Vec<(Lsn, Rec)> = written.into_iter().flatten().collect();
     all.sort_by_key(|(l, _)| *l);
@@ -499,6 +489,23 @@ fn sync_commits_from_four_threads_share_fsyncs() {
         replay_all(&wal, 0) == all,
         "every committed record is in the log, in LSN order"
     );
+    st.syncs as f64 / ops as f64
+}
+
+#[test]
+fn sync_commits_from_four_threads_share_fsyncs() {
+    // Measured 0.26-0.44 fsyncs/op on the loaded 2-core box (with 4 extra CPU hogs); without
+    // group commit it is 1.0. Three attempts absorb a run that the scheduler starves.
+    let mut ratios = Vec::new();
+    for _ in 0..3 {
+        let r = four_thread_sync_run(250);
+        eprintln!("4 threads under Sync: {r:.2} fsyncs/op");
+        ratios.push(r);
+        if r < 0.6 {
+            return;
+        }
+    }
+    panic!("group commit did not share fsyncs: {ratios:?} fsyncs/op");
 }
 
 #[test]
