@@ -23,8 +23,9 @@ pub(crate) const BODY_FIXED: u64 = 17;
 pub(crate) const RECORD_OVERHEAD: u64 = RECORD_PREFIX + BODY_FIXED;
 /// Smallest accepted segment size: a header and room for real records.
 pub(crate) const MIN_SEGMENT_SIZE: u64 = 4096;
-/// Largest accepted segment size (a sanity bound for headers read from disk).
-pub(crate) const MAX_SEGMENT_SIZE: u64 = 1 << 40;
+/// Largest accepted segment size: keeps every record body (bounded by the segment) within
+/// the `u32` length prefix, and bounds what a header read from disk can claim.
+pub(crate) const MAX_SEGMENT_SIZE: u64 = 1 << 32;
 /// Op byte of an insert record.
 const OP_INSERT: u8 = 1;
 /// Op byte of a remove record.

@@ -115,7 +115,7 @@ impl Wal {
     pub(crate) fn open(dir: &Path, config: WalConfig) -> Result<Wal> {
         if !(format::MIN_SEGMENT_SIZE..=format::MAX_SEGMENT_SIZE).contains(&config.segment_size) {
             return Err(Error::InvalidConfig {
-                reason: "log segment size must be between 4 KiB and 1 TiB",
+                reason: "log segment size must be between 4 KiB and 4 GiB",
             });
         }
         if config.durability == Durability::None {

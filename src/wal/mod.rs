@@ -35,7 +35,7 @@
 //! | 0 | 8 | magic `BFKVWAL\0` |
 //! | 8 | 4 | format version (1) |
 //! | 12 | 4 | zero |
-//! | 16 | 8 | segment size in bytes, header included (4 KiB ..= 1 TiB) |
+//! | 16 | 8 | segment size in bytes, header included (4 KiB ..= 4 GiB) |
 //! | 24 | 8 | LSN of the segment's first record |
 //! | 32 | 4 | crc32c of bytes 0..32 |
 //! | 36 | 28 | zero |
@@ -97,7 +97,7 @@ pub(crate) enum LogOp<'a> {
 /// How the log is kept.
 #[derive(Debug, Clone)]
 pub(crate) struct WalConfig {
-    /// Size of each segment file, header included (default 64 MiB; 4 KiB ..= 1 TiB).
+    /// Size of each segment file, header included (default 64 MiB; 4 KiB ..= 4 GiB).
     pub(crate) segment_size: u64,
     /// `Sync` or `Buffered` (`None` has no log and is refused by [`Wal::open`]).
     pub(crate) durability: crate::Durability,

@@ -61,8 +61,9 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// Reserves blocks for the whole segment: appending into allocated blocks lets `fdatasync`
-/// skip the file-size update (measured ~50 µs instead of ~110 µs here). The space reads as
-/// zeros, which is how the reader finds the end of the log.
+/// skip the file-size update (measured on this ext4 box, loaded: ~100 µs instead of ~165 µs
+/// per `pwrite` + `fdatasync` of a 141-byte record). The space reads as zeros, which is how
+/// the reader finds the end of the log.
 fn preallocate(file: &File, len: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
