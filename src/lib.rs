@@ -20,6 +20,9 @@ mod pool;
 pub(crate) mod store;
 pub(crate) mod sync;
 mod tree;
+// Until the tree logs through it (issue 5), only the tests and `internals` use the log.
+#[cfg(any(test, feature = "internals"))]
+mod wal;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
@@ -149,5 +152,151 @@ pub mod internals {
     /// Bench entry: the value of `key` in a node, if present.
     pub fn node_get<'a>(buf: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
         NodeRef::from_bytes(buf).get(key).map(|(_, _, v)| v)
+    }
+
+    /// The write-ahead log driven directly, for the `wal` bench and tests outside the crate.
+    #[derive(Debug)]
+    pub struct WalBench {
+        /// The log.
+        wal: crate::wal::Wal,
+    }
+
+    /// Counters of a [`WalBench`] log since open.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct WalBenchStats {
+        /// Records appended.
+        pub appends: u64,
+        /// Bytes of records appended.
+        pub bytes: u64,
+        /// `pwrite` calls.
+        pub writes: u64,
+        /// `fdatasync` calls.
+        pub syncs: u64,
+        /// Segment files in use.
+        pub segments: u64,
+        /// Why open cut the log's tail, if it did.
+        pub torn_tail: Option<&'static str>,
+    }
+
+    /// What a [`WalBench::replay`] went through.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct WalBenchReplay {
+        /// Records passed to the callback.
+        pub applied: u64,
+        /// Records below `from`, skipped.
+        pub skipped: u64,
+        /// Segment files read.
+        pub segments: u64,
+        /// Where the log continues.
+        pub end_lsn: u64,
+    }
+
+    impl WalBench {
+        /// Opens (or creates) a log in `dir`; `sync` picks `Durability::Sync` over `Buffered`.
+        ///
+        /// # Errors
+        /// As `Wal::open`.
+        pub fn open(dir: &Path, sync: bool, segment_size: u64) -> Result<WalBench> {
+            let config = crate::wal::WalConfig {
+                segment_size,
+                durability: if sync {
+                    crate::Durability::Sync
+                } else {
+                    crate::Durability::Buffered
+                },
+                ..crate::wal::WalConfig::default()
+            };
+            Ok(WalBench {
+                wal: crate::wal::Wal::open(dir, config)?,
+            })
+        }
+
+        /// Appends an insert (`Some(value)`) or a remove; returns its LSN.
+        ///
+        /// # Errors
+        /// As `Wal::append`.
+        pub fn append(&self, key: &[u8], value: Option<&[u8]>) -> Result<u64> {
+            self.wal.append(match value {
+                Some(value) => crate::wal::LogOp::Insert { key, value },
+                None => crate::wal::LogOp::Remove { key },
+            })
+        }
+
+        /// Waits until the record at `lsn` is durable per the configured durability.
+        ///
+        /// # Errors
+        /// As `Wal::commit`.
+        pub fn commit(&self, lsn: u64) -> Result<()> {
+            self.wal.commit(lsn)
+        }
+
+        /// Syncs every appended record.
+        ///
+        /// # Errors
+        /// As `Wal::flush`.
+        pub fn flush(&self) -> Result<()> {
+            self.wal.flush()
+        }
+
+        /// Replays records from `from`, passing (LSN, key, value or None for a remove).
+        ///
+        /// # Errors
+        /// As `Wal::replay`.
+        pub fn replay(
+            &self,
+            from: u64,
+            mut apply: impl FnMut(u64, &[u8], Option<&[u8]>),
+        ) -> Result<WalBenchReplay> {
+            let st = self.wal.replay(from, |lsn, op| {
+                match op {
+                    crate::wal::LogOp::Insert { key, value } => apply(lsn, key, Some(value)),
+                    crate::wal::LogOp::Remove { key } => apply(lsn, key, None),
+                }
+                Ok(())
+            })?;
+            Ok(WalBenchReplay {
+                applied: st.applied,
+                skipped: st.skipped,
+                segments: st.segments,
+                end_lsn: st.end_lsn,
+            })
+        }
+
+        /// Deletes segments holding only records below `lsn`.
+        ///
+        /// # Errors
+        /// As `Wal::release_before`.
+        pub fn release_before(&self, lsn: u64) -> Result<()> {
+            self.wal.release_before(lsn)
+        }
+
+        /// The LSN the next append gets.
+        pub fn next_lsn(&self) -> u64 {
+            self.wal.next_lsn()
+        }
+
+        /// Bytes of log since `lsn`.
+        pub fn bytes_since(&self, lsn: u64) -> u64 {
+            self.wal.bytes_since(lsn)
+        }
+
+        /// Counters since open.
+        pub fn stats(&self) -> WalBenchStats {
+            let s = self.wal.stats();
+            WalBenchStats {
+                appends: s.appends,
+                bytes: s.bytes,
+                writes: s.writes,
+                syncs: s.syncs,
+                segments: s.segments,
+                torn_tail: s.torn_tail,
+            }
+        }
+    }
+
+    /// Fuzz entry for the log decoder: arbitrary bytes as a segment (or a damaged valid one)
+    /// must decode to a prefix of valid records (panics on disagreement).
+    pub fn wal_decode_check(data: &[u8]) {
+        crate::wal::decode_check(data);
     }
 }

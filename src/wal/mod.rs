@@ -1,0 +1,146 @@
+//! The write-ahead log: every insert and remove is appended here before it is acknowledged,
+//! so that recovery can replay what the last checkpoint does not hold (DESIGN.md,
+//! Durability).
+//!
+//! # Use
+//! A writer calls [`Wal::append`] while it holds the page lock (so the log order of a key's
+//! operations is their apply order), releases the lock, then calls [`Wal::commit`] with the
+//! returned LSN; under `Durability::Sync` commit returns once the record is `fdatasync`ed,
+//! under `Durability::Buffered` once it reached the OS (a background thread syncs every
+//! `flush_interval`). Recovery: [`Wal::open`], then [`Wal::replay`] from the checkpoint
+//! LSN, before any append. After a checkpoint covering LSNs below `c` is durable,
+//! [`Wal::release_before`]`(c)` deletes the segments it made useless.
+//!
+//! # LSNs
+//! An LSN is the logical byte offset of a record in the log: the sum of the lengths of all
+//! records before it (segment headers and the unused end of a full segment do not count).
+//! LSNs grow strictly but are not dense; `next_lsn() - lsn` is the log's size since `lsn`.
+//! Each record stores its own LSN, so a record copied to the wrong place never decodes.
+//!
+//! # Group commit
+//! Appends only copy the record into a shared buffer (one short mutex, no system call).
+//! Under `Sync`, one committer at a time is the leader: it writes the whole buffer with
+//! `pwrite` and issues one `fdatasync` covering every record appended so far, holding no
+//! lock appends need. The other committers park; the leader wakes them all when its sync is
+//! done, those it covered return at once, and one of the rest leads the next round for
+//! everything appended meanwhile. `Buffered` commits take only the writer lock (a `pwrite`),
+//! so they never wait for a sync.
+//!
+//! # On-disk format (all integers little-endian)
+//! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its
+//! segment size. Header, 64 bytes at offset 0:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `BFKVWAL\0` |
+//! | 8 | 4 | format version (1) |
+//! | 12 | 4 | zero |
+//! | 16 | 8 | segment size in bytes, header included (4 KiB ..= 4 GiB) |
+//! | 24 | 8 | LSN of the segment's first record |
+//! | 32 | 4 | crc32c of bytes 0..32 |
+//! | 36 | 28 | zero |
+//!
+//! Records follow from offset 64, back to back, never across segments:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | `len`: length of the body (bytes 8..), at least 17 |
+//! | 4 | 4 | crc32c of bytes 0..4 followed by the body |
+//! | 8 | 8 | LSN of this record |
+//! | 16 | 1 | operation: 1 insert, 2 remove |
+//! | 17 | 4 | key length `k` |
+//! | 21 | 4 | value length `v` (0 for remove); `k + v = len - 17` |
+//! | 25 | k | key |
+//! | 25 + k | v | value |
+//!
+//! A record takes `8 + len` bytes and advances the LSN by as much. The log ends at the first
+//! position holding zeros (preallocated space), the end of the file, too little room for a
+//! record, or bytes that fail any check above (a torn tail). Open cuts the last segment
+//! there durably; every segment is synced before the next one is created, so damage before
+//! the last segment is `Error::Corruption`, never silently cut.
+
+mod format;
+#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+mod fuzz;
+mod log;
+mod segment;
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests;
+
+#[cfg(feature = "internals")]
+pub(crate) use fuzz::decode_check;
+pub(crate) use log::Wal;
+
+/// A log sequence number: the logical byte offset of a record in the log.
+pub(crate) type Lsn = u64;
+
+/// One logged operation, borrowed from the caller (append) or from the log (replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogOp<'a> {
+    /// The key now has this value.
+    Insert {
+        /// The key.
+        key: &'a [u8],
+        /// Its new value.
+        value: &'a [u8],
+    },
+    /// The key is absent.
+    Remove {
+        /// The key.
+        key: &'a [u8],
+    },
+}
+
+/// How the log is kept.
+#[derive(Debug, Clone)]
+pub(crate) struct WalConfig {
+    /// Size of each segment file, header included (default 64 MiB; 4 KiB ..= 4 GiB).
+    pub(crate) segment_size: u64,
+    /// `Sync` or `Buffered` (`None` has no log and is refused by [`Wal::open`]).
+    pub(crate) durability: crate::Durability,
+    /// How often the background thread syncs the log under `Buffered` (default 5 ms).
+    pub(crate) flush_interval: std::time::Duration,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            segment_size: 64 << 20,
+            durability: crate::Durability::Buffered,
+            flush_interval: std::time::Duration::from_millis(5),
+        }
+    }
+}
+
+/// Counters of a log since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WalStats {
+    /// Records appended.
+    pub(crate) appends: u64,
+    /// Bytes of records appended.
+    pub(crate) bytes: u64,
+    /// `pwrite` calls.
+    pub(crate) writes: u64,
+    /// `fdatasync` calls (commits, flushes, background syncs and segment switches).
+    pub(crate) syncs: u64,
+    /// Segment files in use.
+    pub(crate) segments: u64,
+    /// Why open cut the tail of the log, if it did (torn or damaged last record).
+    pub(crate) torn_tail: Option<&'static str>,
+}
+
+/// What a replay went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ReplayStats {
+    /// Records passed to `apply`.
+    pub(crate) applied: u64,
+    /// Valid records below the `from` LSN, skipped.
+    pub(crate) skipped: u64,
+    /// Segment files read.
+    pub(crate) segments: u64,
+    /// The LSN after the last record replayed (where appending continues).
+    pub(crate) end_lsn: Lsn,
+}

@@ -1,0 +1,279 @@
+//! Segment files: naming, creation with preallocation, and recovery of the log directory at
+//! open (find the last valid record, cut the torn tail, check the segments continue each
+//! other).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::format::{self, SegmentHeader, Tail, HEADER_SIZE};
+use super::Lsn;
+use crate::error::{Error, Result};
+
+/// Read-ahead buffer used when scanning a segment.
+pub(crate) const SCAN_BUFFER: usize = 256 << 10;
+
+/// A segment file of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// LSN of its first record (also in its name and header).
+    pub(crate) first_lsn: Lsn,
+    /// Its path.
+    pub(crate) path: PathBuf,
+}
+
+/// The file name of the segment whose first record is `first_lsn`.
+pub(crate) fn segment_name(first_lsn: Lsn) -> String {
+    format!("wal-{first_lsn:016x}.log")
+}
+
+/// The first LSN encoded in a segment file name, if `name` is one.
+pub(crate) fn parse_segment_name(name: &str) -> Option<Lsn> {
+    let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The segment files in `dir`, oldest first. Other files are ignored.
+pub(crate) fn list_segments(dir: &Path) -> Result<Vec<Segment>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        if let Some(first_lsn) = entry.file_name().to_str().and_then(parse_segment_name) {
+            out.push(Segment {
+                first_lsn,
+                path: entry.path(),
+            });
+        }
+    }
+    out.sort_by_key(|s| s.first_lsn);
+    Ok(out)
+}
+
+/// Makes the directory entries of `dir` (created or removed files) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Reserves blocks for the whole segment: appending into allocated blocks lets `fdatasync`
+/// skip the file-size update (measured on this ext4 box, loaded: ~100 µs instead of ~165 µs
+/// per `pwrite` + `fdatasync` of a 141-byte record). The space reads as zeros, which is how
+/// the reader finds the end of the log.
+fn preallocate(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        let len_off =
+            libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by
+        // `file`, which outlives the call.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_off) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(err);
+        }
+    }
+    // No fallocate on this file system: a sparse file also reads as zeros.
+    if file.metadata()?.len() < len {
+        file.set_len(len)?;
+    }
+    Ok(())
+}
+
+/// Creates (or replaces) the segment starting at `first_lsn`, durable with its directory
+/// entry before it is returned, so that no record lands in a file a crash can lose.
+pub(crate) fn create_segment(
+    dir: &Path,
+    first_lsn: Lsn,
+    segment_size: u64,
+) -> Result<(Segment, File)> {
+    let path = dir.join(segment_name(first_lsn));
+    let io = |e| Error::io(&path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io)?;
+    let header = SegmentHeader {
+        segment_size,
+        first_lsn,
+    };
+    file.write_all_at(&header.encode(), 0).map_err(io)?;
+    preallocate(&file, segment_size).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    sync_dir(dir)?;
+    Ok((Segment { first_lsn, path }, file))
+}
+
+/// Removes a segment file and makes the removal durable before the next one goes, so that
+/// the segments left after a crash are always a contiguous suffix of the log.
+pub(crate) fn remove_segment(dir: &Path, seg: &Segment) -> Result<()> {
+    match fs::remove_file(&seg.path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&seg.path, e)),
+    }
+    sync_dir(dir)
+}
+
+/// The log directory as recovery left it: where appending continues.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    /// Every segment, oldest first; the last is the active one.
+    pub(crate) segments: Vec<Segment>,
+    /// The active segment, open for writing.
+    pub(crate) file: File,
+    /// Size of the active segment (from its header).
+    pub(crate) segment_size: u64,
+    /// File offset in the active segment where the next record goes.
+    pub(crate) offset: u64,
+    /// LSN of the next record.
+    pub(crate) end_lsn: Lsn,
+    /// Why the tail was cut, if bytes after the last valid record failed a check.
+    pub(crate) torn_tail: Option<&'static str>,
+}
+
+/// A segment file examined by recovery.
+struct Examined {
+    /// The segment.
+    seg: Segment,
+    /// Its header, or why it is unusable.
+    header: Result<SegmentHeader, &'static str>,
+    /// Where its valid records end (when the header is valid).
+    scan: Option<format::Scan>,
+}
+
+/// Opens the segments in `dir` (creating `dir` and a first segment if there are none), and
+/// returns where the log continues. A torn or damaged tail (in the last segment, or a last
+/// segment whose header never became durable) is cut at the last valid record, durably, so
+/// no stale byte past it can later be mistaken for a record. Damage anywhere before the tail
+/// is `Error::Corruption`.
+pub(crate) fn recover(dir: &Path, new_segment_size: u64) -> Result<Recovered> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut examined = Vec::new();
+    for seg in list_segments(dir)? {
+        examined.push(examine(seg)?);
+    }
+    // Only the newest segment may lack a valid header: a crash while creating it.
+    while let Some(last) = examined.last() {
+        if last.header.is_ok() || has_records(&last.seg.path)? {
+            break;
+        }
+        remove_segment(dir, &last.seg)?;
+        examined.pop();
+    }
+    for ex in &examined {
+        if let Err(reason) = ex.header {
+            return Err(Error::corruption(&ex.seg.path, None, reason));
+        }
+    }
+    for pair in examined.windows(2) {
+        let prev_end = pair[0].scan.map(|s| s.end_lsn);
+        if prev_end != Some(pair[1].seg.first_lsn) {
+            // Every segment is synced before the next one is written, so only the last
+            // segment can legitimately end early.
+            return Err(Error::corruption(
+                &pair[0].seg.path,
+                None,
+                "log segment damaged before the end of the log",
+            ));
+        }
+    }
+    let Some(last) = examined.pop() else {
+        let (seg, file) = create_segment(dir, 0, new_segment_size)?;
+        return Ok(Recovered {
+            segments: vec![seg],
+            file,
+            segment_size: new_segment_size,
+            offset: HEADER_SIZE,
+            end_lsn: 0,
+            torn_tail: None,
+        });
+    };
+    let (Ok(header), Some(scan)) = (last.header, last.scan) else {
+        return Err(Error::corruption(
+            &last.seg.path,
+            None,
+            "log segment unreadable",
+        ));
+    };
+    let file = cut_tail(&last.seg.path, scan.end_offset, header.segment_size)?;
+    let mut segments: Vec<Segment> = examined.into_iter().map(|e| e.seg).collect();
+    segments.push(last.seg);
+    Ok(Recovered {
+        segments,
+        file,
+        segment_size: header.segment_size,
+        offset: scan.end_offset,
+        end_lsn: scan.end_lsn,
+        torn_tail: match scan.tail {
+            Tail::Torn(reason) => Some(reason),
+            Tail::Clean => None,
+        },
+    })
+}
+
+/// Reads a segment's header and finds where its valid records end.
+fn examine(seg: Segment) -> Result<Examined> {
+    let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
+    let mut r = BufReader::with_capacity(SCAN_BUFFER, file);
+    let header = format::read_header(&mut r, &seg.path)?.and_then(|h| {
+        if h.first_lsn == seg.first_lsn {
+            Ok(h)
+        } else {
+            Err("log segment name and header disagree")
+        }
+    });
+    let scan = match &header {
+        Ok(h) => Some(format::scan_records(&mut r, h, &seg.path, |_, _| Ok(()))?),
+        Err(_) => None,
+    };
+    Ok(Examined { seg, header, scan })
+}
+
+/// Truncates the active segment just after its last valid record and preallocates it again
+/// (so everything after reads as zeros), durably, and returns it open for writing.
+fn cut_tail(path: &Path, end_offset: u64, segment_size: u64) -> Result<File> {
+    let io = |e| Error::io(path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
+    file.set_len(end_offset).map_err(io)?;
+    preallocate(&file, segment_size).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    Ok(file)
+}
+
+/// Whether anything but zeros follows the header slot of a segment file: a segment whose
+/// header is damaged but that holds records was not a crash during its creation (the header
+/// is durable before any record is written), so deleting it would lose acknowledged writes.
+fn has_records(path: &Path) -> Result<bool> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut r = BufReader::with_capacity(SCAN_BUFFER, file);
+    let mut skipped = 0u64;
+    loop {
+        let chunk = r.fill_buf().map_err(|e| Error::io(path, e))?;
+        if chunk.is_empty() {
+            return Ok(false);
+        }
+        let n = chunk.len();
+        let skip = (HEADER_SIZE.saturating_sub(skipped) as usize).min(n);
+        if chunk[skip..].iter().any(|&b| b != 0) {
+            return Ok(true);
+        }
+        skipped += n as u64;
+        r.consume(n);
+    }
+}

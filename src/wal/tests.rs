@@ -1,0 +1,638 @@
+//! Log tests on real files: round trips across segments, reopen, torn tails, damage before
+//! the tail, release, the background flusher and group commit.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::format::{self, HEADER_SIZE};
+use super::segment::list_segments;
+use super::{LogOp, Lsn, Wal, WalConfig};
+use crate::{Durability, Error};
+
+/// An owned record as the tests write and read them: key, `Some(value)` for an insert.
+type Rec = (Vec<u8>, Option<Vec<u8>>);
+
+fn config(segment_size: u64, durability: Durability) -> WalConfig {
+    WalConfig {
+        segment_size,
+        durability,
+        flush_interval: Duration::from_millis(5),
+    }
+}
+
+fn random_records(seed: u64, n: usize, max_value: usize) -> Vec<Rec> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let key = format!("key-{i:06}-{}", rng.gen::<u16>()).into_bytes();
+            let value = if rng.gen_range(0..5) == 0 {
+                None
+            } else {
+                let len = rng.gen_range(0..=max_value);
+                Some((0..len).map(|_| rng.gen()).collect())
+            };
+            (key, value)
+        })
+        .collect()
+}
+
+fn op(r: &Rec) -> LogOp<'_> {
+    match &r.1 {
+        Some(v) => LogOp::Insert {
+            key: &r.0,
+            value: v,
+        },
+        None => LogOp::Remove { key: &r.0 },
+    }
+}
+
+/// Appends and commits each record; returns their LSNs.
+fn write_all(wal: &Wal, recs: &[Rec]) -> Vec<Lsn> {
+    recs.iter()
+        .map(|r| {
+            let lsn = wal.append(op(r)).expect("append");
+            wal.commit(lsn).expect("commit");
+            assert!(
+                wal.durable_lsn() > lsn,
+                "commit returned before {lsn} was durable"
+            );
+            lsn
+        })
+        .collect()
+}
+
+fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
+    let mut out = Vec::new();
+    wal.replay(from, |lsn, op| {
+        out.push(match op {
+            LogOp::Insert { key, value } => (lsn, (key.to_vec(), Some(value.to_vec()))),
+            LogOp::Remove { key } => (lsn, (key.to_vec(), None)),
+        });
+        Ok(())
+    })
+    .expect("replay");
+    out
+}
+
+fn expect_replay(wal: &Wal, from: Lsn, lsns: &[Lsn], recs: &[Rec]) {
+    let got = replay_all(wal, from);
+    let want: Vec<(Lsn, Rec)> = lsns.iter().copied().zip(recs.iter().cloned()).collect();
+    assert_eq!(got.len(), want.len(), "record count");
+    assert!(got == want, "replayed records differ from the written ones");
+}
+
+fn segment_paths(dir: &Path) -> Vec<PathBuf> {
+    list_segments(dir)
+        .expect("list")
+        .into_iter()
+        .map(|s| s.path)
+        .collect()
+}
+
+#[test]
+fn round_trip_across_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(1, 3000, 300);
+    let (lsns, end) = {
+        let wal = Wal::open(dir.path(), config(8192, Durability::Buffered)).expect("open");
+        let lsns = write_all(&wal, &recs);
+        assert!(lsns.windows(2).all(|w| w[0] < w[1]), "LSNs grow");
+        // Everything appended since open is readable before reopening, too.
+        expect_replay(&wal, 0, &lsns, &recs);
+        let st = wal.stats();
+        assert_eq!(st.appends, 3000);
+        assert_eq!(st.bytes, wal.next_lsn());
+        assert!(st.segments > 50, "small segments: {} of them", st.segments);
+        (lsns, wal.next_lsn())
+    };
+    let wal = Wal::open(dir.path(), config(8192, Durability::Sync)).expect("reopen");
+    assert_eq!(wal.next_lsn(), end);
+    expect_replay(&wal, 0, &lsns, &recs);
+    // Replay from the middle starts at that record, wherever its segment is.
+    expect_replay(&wal, lsns[1234], &lsns[1234..], &recs[1234..]);
+    // An LSN between two records starts at the next one.
+    expect_replay(&wal, lsns[1234] + 1, &lsns[1235..], &recs[1235..]);
+}
+
+#[test]
+fn reopen_continues_after_the_last_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(2, 600, 100);
+    let mut lsns = Vec::new();
+    for (round, chunk) in recs.chunks(200).enumerate() {
+        let durability = [Durability::Sync, Durability::Buffered][round % 2];
+        let wal = Wal::open(dir.path(), config(16384, durability)).expect("open");
+        assert_eq!(
+            wal.next_lsn(),
+            lsns.last()
+                .map_or(0, |&l| l + format::record_len(&op(&recs[lsns.len() - 1])))
+        );
+        lsns.extend(write_all(&wal, chunk));
+    }
+    let wal = Wal::open(dir.path(), config(16384, Durability::Sync)).expect("open");
+    expect_replay(&wal, 0, &lsns, &recs);
+}
+
+/// Writes `n` records into one big segment and returns the log's records, LSNs and file.
+fn one_segment_log(dir: &Path, n: usize) -> (Vec<Rec>, Vec<Lsn>, PathBuf) {
+    let recs = random_records(3, n, 50);
+    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    drop(wal);
+    let paths = segment_paths(dir);
+    assert_eq!(paths.len(), 1);
+    (recs, lsns, paths[0].clone())
+}
+
+/// Reopens a damaged log and checks that it holds exactly `keep` of the records, continues
+/// right after them, and stays correct after more appends and another reopen.
+fn check_cut(dir: &Path, recs: &[Rec], lsns: &[Lsn], keep: usize) {
+    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("open damaged");
+    let end = lsns[keep - 1] + format::record_len(&op(&recs[keep - 1]));
+    assert_eq!(
+        wal.next_lsn(),
+        end,
+        "positioned after the last valid record"
+    );
+    expect_replay(&wal, 0, &lsns[..keep], &recs[..keep]);
+    let more = random_records(4, 20, 50);
+    let more_lsns = write_all(&wal, &more);
+    assert_eq!(more_lsns[0], end);
+    drop(wal);
+    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("reopen");
+    let all_lsns: Vec<Lsn> = lsns[..keep].iter().chain(&more_lsns).copied().collect();
+    let all: Vec<Rec> = recs[..keep].iter().chain(&more).cloned().collect();
+    expect_replay(&wal, 0, &all_lsns, &all);
+}
+
+fn file_offset(lsn: Lsn) -> u64 {
+    HEADER_SIZE + lsn
+}
+
+#[test]
+fn torn_tail_truncated_mid_record_is_cut() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open file");
+    f.set_len(file_offset(lsns[49]) + 11).expect("truncate");
+    drop(f);
+    check_cut(dir.path(), &recs, &lsns, 49);
+}
+
+#[test]
+fn garbage_after_the_last_record_is_cut() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let end = lsns[49] + format::record_len(&op(&recs[49]));
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open file");
+    let garbage: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
+    // Garbage right after the end, and further on (after zeros) where a reader that skipped
+    // zeros would find it.
+    f.write_all_at(&garbage, file_offset(end)).expect("garbage");
+    drop(f);
+    check_cut(dir.path(), &recs, &lsns, 50);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let end = lsns[49] + format::record_len(&op(&recs[49]));
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open file");
+    f.write_all_at(&garbage, file_offset(end) + 100)
+        .expect("garbage");
+    drop(f);
+    check_cut(dir.path(), &recs, &lsns, 50);
+}
+
+#[test]
+fn flipped_byte_in_the_last_record_is_cut() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let len = format::record_len(&op(&recs[49]));
+    for at in [0, 5, 9, len / 2, len - 1] {
+        let dir2 = tempfile::tempdir().expect("tempdir");
+        let copy = dir2.path().join(path.file_name().expect("name"));
+        fs::copy(&path, &copy).expect("copy");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&copy)
+            .expect("open");
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, file_offset(lsns[49]) + at)
+            .expect("read");
+        f.write_all_at(&[b[0] ^ 0x10], file_offset(lsns[49]) + at)
+            .expect("flip");
+        drop(f);
+        check_cut(dir2.path(), &recs, &lsns, 49);
+    }
+}
+
+#[test]
+fn stale_records_after_a_cut_never_come_back() {
+    // Record 48 torn but 49 intact (out-of-order write-back before a power cut): the cut
+    // must erase 49 so that new records of the same sizes cannot make it valid again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open file");
+    f.write_all_at(&[0xff], file_offset(lsns[48]) + 20)
+        .expect("flip");
+    drop(f);
+    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Sync)).expect("open");
+    // Re-log record 48 unchanged: same size, so the old record 49 would line up.
+    let again = write_all(&wal, &recs[48..49]);
+    assert_eq!(again[0], lsns[48]);
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Sync)).expect("reopen");
+    expect_replay(&wal, 0, &lsns[..49], &recs[..49]);
+}
+
+#[test]
+fn damage_before_the_tail_is_corruption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(5, 400, 100);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    write_all(&wal, &recs);
+    drop(wal);
+    let paths = segment_paths(dir.path());
+    assert!(paths.len() > 3);
+    // A flipped byte in a record of the second segment.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&paths[1])
+        .expect("open");
+    f.write_all_at(&[0xee], HEADER_SIZE + 30).expect("flip");
+    drop(f);
+    match Wal::open(dir.path(), config(4096, Durability::Sync)) {
+        Err(Error::Corruption { file, .. }) => assert_eq!(file, paths[1]),
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    // A damaged header of a middle segment.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    write_all(&wal, &recs);
+    drop(wal);
+    let paths = segment_paths(dir.path());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .expect("open");
+    f.write_all_at(&[0xee], 20).expect("flip");
+    drop(f);
+    match Wal::open(dir.path(), config(4096, Durability::Sync)) {
+        Err(Error::Corruption { file, .. }) => assert_eq!(file, paths[2]),
+        other => panic!("expected corruption, got {other:?}"),
+    }
+}
+
+#[test]
+fn damaged_header_of_the_last_segment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(6, 400, 100);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    let end = wal.next_lsn();
+    drop(wal);
+    // A crash while creating a segment: a file whose header never reached the disk.
+    let empty = dir.path().join(super::segment::segment_name(end));
+    fs::write(&empty, [0u8; 100]).expect("write");
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    assert!(!empty.exists(), "the half-created segment is removed");
+    assert_eq!(wal.next_lsn(), end);
+    expect_replay(&wal, 0, &lsns, &recs);
+    drop(wal);
+    // A last segment with a damaged header but records in it is not a half-created one.
+    let last = segment_paths(dir.path()).pop().expect("segments");
+    let f = OpenOptions::new().write(true).open(&last).expect("open");
+    f.write_all_at(&[0xee], 3).expect("flip");
+    drop(f);
+    assert!(matches!(
+        Wal::open(dir.path(), config(4096, Durability::Sync)),
+        Err(Error::Corruption { .. })
+    ));
+}
+
+#[test]
+fn release_before_deletes_old_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(7, 1000, 100);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    let before = segment_paths(dir.path()).len();
+    assert!(before > 10);
+    let ckpt = lsns[700];
+    assert_eq!(wal.bytes_since(ckpt), wal.next_lsn() - ckpt);
+    wal.release_before(ckpt).expect("release");
+    let after = list_segments(dir.path()).expect("list");
+    assert!(after.len() < before / 2, "{before} -> {}", after.len());
+    assert!(
+        after[0].first_lsn <= ckpt,
+        "the segment holding the checkpoint LSN stays"
+    );
+    assert!(after.len() == 1 || after[1].first_lsn > ckpt);
+    assert_eq!(wal.stats().segments, after.len() as u64);
+    expect_replay(&wal, ckpt, &lsns[700..], &recs[700..]);
+    assert!(matches!(
+        wal.replay(0, |_, _| Ok(())),
+        Err(Error::Corruption { .. })
+    ));
+    // Releasing everything keeps the active segment; the log continues.
+    wal.release_before(wal.next_lsn()).expect("release all");
+    assert_eq!(list_segments(dir.path()).expect("list").len(), 1);
+    let more = random_records(8, 10, 10);
+    let more_lsns = write_all(&wal, &more);
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("reopen");
+    expect_replay(&wal, more_lsns[0], &more_lsns, &more);
+}
+
+#[test]
+fn replay_past_the_end_restarts_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(9, 50, 10);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    write_all(&wal, &recs);
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    let stats = wal
+        .replay(1 << 30, |_, _| panic!("nothing to apply"))
+        .expect("replay");
+    assert_eq!(stats.applied, 0);
+    assert_eq!(wal.next_lsn(), 1 << 30);
+    let lsns = write_all(&wal, &recs[..3]);
+    assert_eq!(lsns[0], 1 << 30);
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("reopen");
+    expect_replay(&wal, 1 << 30, &lsns, &recs[..3]);
+}
+
+#[test]
+fn wal_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Wal>();
+}
+
+#[test]
+fn bad_config_and_oversized_records_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for c in [
+        config(100, Durability::Sync),
+        config((1 << 32) + 1, Durability::Sync),
+        config(4096, Durability::None),
+        WalConfig {
+            flush_interval: Duration::ZERO,
+            ..config(4096, Durability::Buffered)
+        },
+    ] {
+        assert!(matches!(
+            Wal::open(dir.path(), c),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    let big = vec![1u8; 5000];
+    assert!(matches!(
+        wal.append(LogOp::Insert {
+            key: b"k",
+            value: &big
+        }),
+        Err(Error::ValueTooLarge { len: 5000, .. })
+    ));
+    assert!(matches!(
+        wal.append(LogOp::Remove { key: &big }),
+        Err(Error::KeyTooLarge { len: 5000, .. })
+    ));
+    // The largest record that fits in a segment is accepted.
+    let fits = vec![2u8; (4096 - HEADER_SIZE - format::RECORD_OVERHEAD - 1) as usize];
+    let lsn = wal
+        .append(LogOp::Insert {
+            key: b"k",
+            value: &fits,
+        })
+        .expect("fits");
+    wal.commit(lsn).expect("commit");
+    assert_eq!(wal.next_lsn(), 4096 - HEADER_SIZE);
+}
+
+#[test]
+fn buffered_commit_writes_and_the_flusher_syncs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Buffered)).expect("open");
+    let recs = random_records(10, 20, 40);
+    let lsns = write_all(&wal, &recs);
+    // Committed Buffered records are in the file (the OS has them) before any sync.
+    let path = segment_paths(dir.path()).pop().expect("segment");
+    let bytes = fs::read(&path).expect("read");
+    let end = lsns[19] + format::record_len(&op(&recs[19]));
+    let mut n = 0;
+    let mut r = std::io::Cursor::new(&bytes[..]);
+    let header = format::read_header(&mut r, &path)
+        .expect("io")
+        .expect("header");
+    let scan = format::scan_records(&mut r, &header, &path, |_, _| {
+        n += 1;
+        Ok(())
+    })
+    .expect("scan");
+    assert_eq!((n, scan.end_lsn), (20, end));
+    // The background flusher syncs without anyone calling flush.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while wal.stats().syncs == 0 {
+        assert!(Instant::now() < deadline, "no background sync within 5 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // And stays idle when there is nothing new.
+    let syncs = wal.stats().syncs;
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(wal.stats().syncs, syncs, "no sync without new records");
+}
+
+/// Four threads append and commit under `Sync`, starting together; returns the fsyncs per
+/// operation after checking every committed record is in the log, in LSN order.
+fn four_thread_sync_run(per_thread: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(64 << 10, Durability::Sync)).expect("open");
+    let start = std::sync::Barrier::new(4);
+    let written: Vec<Vec<(Lsn, Rec)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (wal, start) = (&wal, &start);
+                s.spawn(move || {
+                    let recs = random_records(100 + t, per_thread, 64);
+                    start.wait();
+                    let lsns = write_all(wal, &recs);
+                    lsns.into_iter().zip(recs).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer"))
+            .collect()
+    });
+    let st = wal.stats();
+    let ops = 4 * per_thread as u64;
+    assert_eq!(st.appends, ops);
+    drop(wal);
+    let mut all: Vec<(Lsn, Rec)> = written.into_iter().flatten().collect();
+    all.sort_by_key(|(l, _)| *l);
+    let wal = Wal::open(dir.path(), config(64 << 10, Durability::Sync)).expect("reopen");
+    assert!(
+        replay_all(&wal, 0) == all,
+        "every committed record is in the log, in LSN order"
+    );
+    st.syncs as f64 / ops as f64
+}
+
+#[test]
+fn sync_commits_from_four_threads_share_fsyncs() {
+    // Measured 0.26-0.44 fsyncs/op on the loaded 2-core box (with 4 extra CPU hogs); without
+    // group commit it is 1.0. Three attempts absorb a run that the scheduler starves.
+    let mut ratios = Vec::new();
+    for _ in 0..3 {
+        let r = four_thread_sync_run(250);
+        eprintln!("4 threads under Sync: {r:.2} fsyncs/op");
+        ratios.push(r);
+        if r < 0.6 {
+            return;
+        }
+    }
+    panic!("group commit did not share fsyncs: {ratios:?} fsyncs/op");
+}
+
+#[test]
+fn fuzz_check_accepts_sample_inputs() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for _ in 0..2000 {
+        let len = rng.gen_range(0..600);
+        let mut data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        if let Some(b) = data.first_mut() {
+            *b |= 1; // model mode: raw random bytes almost never pass the header
+        }
+        super::fuzz::decode_check(&data);
+    }
+    // Raw mode with a valid segment built by the writer.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, _, path) = one_segment_log(dir.path(), 30);
+    let mut data = vec![0u8];
+    data.extend(fs::read(&path).expect("read"));
+    super::fuzz::decode_check(&data);
+    data.truncate(data.len() / 3);
+    super::fuzz::decode_check(&data);
+}
+
+/// Environment variable that turns `sigkill_child` into the writer process.
+const CHILD_ENV: &str = "BFKV_WAL_SIGKILL_CHILD";
+
+fn child_value(i: u64) -> Vec<u8> {
+    vec![(i % 251) as u8; (i % 97) as usize]
+}
+
+/// Not a test by itself: run by `committed_records_survive_sigkill` in a child process, it
+/// continues the log in the given directory, printing `ack <i>` after each commit returns,
+/// until it is killed.
+#[test]
+fn sigkill_child() {
+    let Some(spec) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let spec = spec.into_string().expect("utf-8 spec");
+    let (mode, dir) = spec.split_once(':').expect("mode:dir");
+    let durability = if mode == "sync" {
+        Durability::Sync
+    } else {
+        Durability::Buffered
+    };
+    let wal = Wal::open(Path::new(dir), config(16384, durability)).expect("child open");
+    let mut next = 0u64;
+    wal.replay(0, |_, _| {
+        next += 1;
+        Ok(())
+    })
+    .expect("child replay");
+    for i in next.. {
+        let key = i.to_be_bytes();
+        let value = child_value(i);
+        let lsn = wal
+            .append(LogOp::Insert {
+                key: &key,
+                value: &value,
+            })
+            .expect("append");
+        wal.commit(lsn).expect("commit");
+        println!("ack {i}");
+    }
+}
+
+#[test]
+fn committed_records_survive_sigkill() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut rng = StdRng::seed_from_u64(12);
+    for mode in ["sync", "buffered"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut acked: Option<u64> = None;
+        for cycle in 0..6 {
+            let mut child = Command::new(std::env::current_exe().expect("test binary"))
+                .args(["--exact", "wal::tests::sigkill_child", "--nocapture"])
+                .env(CHILD_ENV, format!("{mode}:{}", dir.path().display()))
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn child");
+            let stdout = child.stdout.take().expect("stdout");
+            let kill_after = rng.gen_range(100..400u64);
+            let mut seen = 0u64;
+            for line in BufReader::new(stdout).lines() {
+                let line = line.expect("child output");
+                if let Some(i) = line.strip_prefix("ack ") {
+                    let i: u64 = i.parse().expect("ack number");
+                    acked = Some(acked.map_or(i, |a| a.max(i)));
+                    seen += 1;
+                    if seen == kill_after {
+                        child.kill().expect("SIGKILL");
+                    }
+                }
+            }
+            let status = child.wait().expect("wait");
+            assert!(
+                !status.success(),
+                "{mode} cycle {cycle}: the child was killed"
+            );
+            assert!(seen >= kill_after, "{mode} cycle {cycle}: child died early");
+            // Every acknowledged record is there, in order, with its value.
+            let wal = Wal::open(dir.path(), config(16384, Durability::Sync)).expect("reopen");
+            let mut n = 0u64;
+            wal.replay(0, |_, op| {
+                let LogOp::Insert { key, value } = op else {
+                    panic!("only inserts were logged");
+                };
+                assert_eq!(key, n.to_be_bytes());
+                assert_eq!(value, child_value(n));
+                n += 1;
+                Ok(())
+            })
+            .expect("replay");
+            let want = acked.map_or(0, |a| a + 1);
+            assert!(
+                n >= want,
+                "{mode} cycle {cycle}: {n} records, {want} acknowledged"
+            );
+        }
+    }
+}
