@@ -1,6 +1,7 @@
 //! How a tree is opened: where, with how much memory, and with which durability.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -59,6 +60,8 @@ pub struct Config {
     pub(crate) promotion_percent: u8,
     pub(crate) merge_threshold: usize,
     pub(crate) evictor_threads: usize,
+    pub(crate) flush_interval: Duration,
+    pub(crate) checkpoint_log_bytes: u64,
 }
 
 impl Config {
@@ -83,6 +86,8 @@ impl Config {
             promotion_percent: 5,
             merge_threshold: 2 << 10,
             evictor_threads: 2,
+            flush_interval: Duration::from_millis(5),
+            checkpoint_log_bytes: 128 << 20,
         }
     }
 
@@ -140,6 +145,20 @@ impl Config {
         self
     }
 
+    /// How often the log is synced in the background under [`Durability::Buffered`].
+    /// Default 5 ms: the most a machine crash can lose.
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval;
+        self
+    }
+
+    /// Log bytes written since the last checkpoint that trigger a new one in the background,
+    /// bounding the log's size and recovery time. Default 128 MiB.
+    pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Self {
+        self.checkpoint_log_bytes = bytes;
+        self
+    }
+
     /// The configured cache size in bytes.
     pub fn get_cache_size(&self) -> usize {
         self.cache_size
@@ -180,6 +199,12 @@ impl Config {
         }
         if self.evictor_threads > 64 {
             return bad("at most 64 evictor threads");
+        }
+        if self.flush_interval.is_zero() || self.flush_interval > Duration::from_secs(60) {
+            return bad("flush interval must be from 1 ns to 60 s");
+        }
+        if self.checkpoint_log_bytes < 1 << 20 {
+            return bad("checkpoint log size must be at least 1 MiB");
         }
         Ok(())
     }

@@ -20,8 +20,6 @@ mod pool;
 pub(crate) mod store;
 pub(crate) mod sync;
 mod tree;
-// Until the tree logs through it (issue 5), only the tests and `internals` use the log.
-#[cfg(any(test, feature = "internals"))]
 mod wal;
 
 pub use config::{Config, Durability, IoBackend, Limits};

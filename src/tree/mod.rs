@@ -14,10 +14,10 @@
 //! - Nobody evicts while holding a leaf lock: an operation that cannot allocate releases its
 //!   locks, evicts one block, and restarts.
 
+mod background;
 #[cfg(test)]
 mod check;
 mod evict;
-mod evictor;
 mod inner;
 mod leaf;
 mod persist;
@@ -36,6 +36,7 @@ use crate::node::{NodeKind, NodeMut};
 use crate::pool::{BufferPool, Location, PageId, ReadGuard, WriteGuard};
 use crate::store::{PageBuf, PageStore};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, RcuCell};
+use crate::wal::{LogOp, Lsn, Wal};
 
 use inner::{Inner, Path, Seek};
 pub use scan::Range;
@@ -64,6 +65,13 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     closed: AtomicBool,
     dir: Option<persist::DirLock>,
+    /// The write-ahead log of a file-backed tree (opened even under `Durability::None`, so
+    /// that a log left by an earlier session is replayed).
+    pub(crate) wal: Option<Wal>,
+    /// Whether writes are logged (`Sync` and `Buffered`).
+    pub(crate) log_writes: bool,
+    /// The LSN the last durable checkpoint covers: replay starts there.
+    pub(crate) checkpoint_lsn: AtomicU64,
 }
 
 /// What a write does to its key.
@@ -100,7 +108,7 @@ pub(crate) type Attempt<T> = Result<std::result::Result<T, Restart>>;
 /// ```
 pub struct Tree {
     shared: std::sync::Arc<Shared>,
-    evictors: evictor::Evictors,
+    background: background::Background,
 }
 
 impl Tree {
@@ -122,7 +130,7 @@ impl Tree {
         };
         let shared = std::sync::Arc::new(persist::open(config)?);
         Ok(Tree {
-            evictors: evictor::Evictors::start(&shared, threads),
+            background: background::Background::start(&shared, threads),
             shared,
         })
     }
@@ -189,12 +197,15 @@ impl Tree {
         Range::new::<&[u8], _>(&self.shared, ..)
     }
 
-    /// Makes every write acknowledged so far durable: writes dirty leaves and a checkpoint.
+    /// Makes every write acknowledged so far durable, whatever the [`Durability`]: syncs the
+    /// write-ahead log, or (under `Durability::None`) writes a checkpoint.
+    ///
+    /// [`Durability`]: crate::Durability
     ///
     /// # Errors
     /// [`Error::Io`] if writing or syncing fails; acknowledged data stays intact.
     pub fn flush(&self) -> Result<()> {
-        self.checkpoint()
+        self.shared.flush()
     }
 
     /// Writes a checkpoint: dirty mini-pages are merged into their leaves and written, then
@@ -216,7 +227,7 @@ impl Tree {
     }
 
     fn stop_background(&mut self) {
-        self.evictors.stop();
+        self.background.stop();
     }
 
     /// Counters describing what the tree has done so far (cheap to read).
@@ -227,7 +238,10 @@ impl Tree {
     /// Wakes the evictors early when a write left the buffer short of room.
     fn after_write(&self) {
         if self.shared.short_of_room() {
-            self.evictors.nudge();
+            self.background.nudge_evictors();
+        }
+        if self.shared.wants_checkpoint() {
+            self.background.nudge_checkpointer();
         }
     }
 
@@ -253,7 +267,7 @@ impl std::fmt::Debug for Tree {
 }
 
 impl Shared {
-    /// Assembles a tree around an opened pool and store with `root` as its structure.
+    /// Assembles a tree around an opened pool, store and log with `root` as its structure.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn assemble(
         config: Config,
@@ -263,8 +277,13 @@ impl Shared {
         root: Inner,
         pages: persist::PageTracker,
         dir: Option<persist::DirLock>,
+        wal: Option<Wal>,
+        checkpoint_lsn: Lsn,
     ) -> Shared {
         Shared {
+            log_writes: wal.is_some() && config.durability != crate::Durability::None,
+            wal,
+            checkpoint_lsn: AtomicU64::new(checkpoint_lsn),
             limits: config.limits(),
             page_size: config.page_size,
             config,
@@ -376,24 +395,82 @@ impl Shared {
         Ok(value)
     }
 
+    /// Applies a write and, when writes are logged, waits until its log record is durable
+    /// per the configured durability (with no leaf lock held).
     fn write(&self, key: &[u8], op: WriteOp<'_>) -> Result<()> {
+        if let Some(lsn) = self.apply(key, op, self.log_writes)? {
+            if let Some(wal) = &self.wal {
+                wal.commit(lsn)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a write to the tree; with `log`, appends its log record while the leaf is
+    /// still locked, so the log's order for a key is the order its writes were applied.
+    pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Lsn>> {
         let mut spins = 0u32;
         loop {
             let guard = sync::pin();
             let (path, mut page) = self.write_leaf(&guard, key);
             let attempt = self.write_in_leaf(&path, &mut page, key, op)?;
-            match attempt {
-                Ok(leaf::Written::Done) => return Ok(()),
-                Ok(leaf::Written::Emptied) => {
-                    self.remove_empty_leaf(key, page);
-                    return Ok(());
-                }
+            let written = match attempt {
+                Ok(written) => written,
                 Err(restart) => {
                     drop(page);
                     drop(guard);
                     self.restart(restart, &mut spins)?;
+                    continue;
                 }
+            };
+            let lsn = match (&self.wal, log) {
+                (Some(wal), true) => Some(wal.append(match op {
+                    WriteOp::Put(value) => LogOp::Insert { key, value },
+                    WriteOp::Delete => LogOp::Remove { key },
+                })?),
+                _ => None,
+            };
+            if let leaf::Written::Emptied = written {
+                self.remove_empty_leaf(key, page);
             }
+            return Ok(lsn);
+        }
+    }
+
+    /// Replays the log from the last checkpoint (recovery), before anyone else can write.
+    pub(crate) fn replay_log(&self) -> Result<()> {
+        let Some(wal) = &self.wal else { return Ok(()) };
+        let from = self.checkpoint_lsn.load(Ordering::Acquire);
+        let stats = wal.replay(from, |_, op| {
+            let (key, op) = match op {
+                LogOp::Insert { key, value } => (key, WriteOp::Put(value)),
+                LogOp::Remove { key } => (key, WriteOp::Delete),
+            };
+            self.apply(key, op, false).map(|_| ())
+        })?;
+        self.counters
+            .replayed
+            .fetch_add(stats.applied, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the log grew enough since the last checkpoint to warrant a new one.
+    pub(crate) fn wants_checkpoint(&self) -> bool {
+        match &self.wal {
+            Some(wal) if self.log_writes => {
+                wal.bytes_since(self.checkpoint_lsn.load(Ordering::Relaxed))
+                    > self.config.checkpoint_log_bytes
+            }
+            _ => false,
+        }
+    }
+
+    /// Makes every acknowledged write durable: a log sync when writes are logged, else a
+    /// checkpoint.
+    pub(crate) fn flush(&self) -> Result<()> {
+        match &self.wal {
+            Some(wal) if self.log_writes => wal.flush(),
+            _ => self.checkpoint(),
         }
     }
 

@@ -29,6 +29,8 @@ use crate::error::{Error, Result};
 use crate::pool::{BufferPool, Location, PageId};
 use crate::store::{Backend, FileStore, PageStore, FIRST_DATA_PAGE};
 use crate::sync::{Arc, Mutex};
+use crate::wal::{Lsn, Wal, WalConfig};
+use crate::Durability;
 
 const MAGIC: &[u8; 8] = b"BFKVCKP1";
 const FORMAT: u32 = 1;
@@ -149,6 +151,8 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
             root,
             PageTracker::default(),
             None,
+            None,
+            0,
         ));
     };
     fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -169,8 +173,9 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
         Err(e) => return Err(Error::io(&ckpt_path, e)),
     };
     let file_pages = store.stats().file_pages;
+    let checkpoint_lsn = loaded.as_ref().map_or(0, |(lsn, _)| *lsn);
     let (pool, root, tracker) = match loaded {
-        Some(leaves) => {
+        Some((_, leaves)) => {
             let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
             for l in &leaves {
                 if l.page < FIRST_DATA_PAGE || l.page >= file_pages {
@@ -204,7 +209,20 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
             (pool, root, PageTracker::default())
         }
     };
-    Ok(Shared::assemble(
+    let wal = Wal::open(
+        &dir.join("wal"),
+        WalConfig {
+            // A tree without logging still opens its log to replay what an earlier session
+            // wrote there; it never appends.
+            durability: match config.durability {
+                Durability::None => Durability::Buffered,
+                d => d,
+            },
+            flush_interval: config.flush_interval,
+            ..WalConfig::default()
+        },
+    )?;
+    let shared = Shared::assemble(
         config,
         pool,
         Some(store),
@@ -212,7 +230,11 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
         root,
         tracker,
         Some(lock),
-    ))
+        Some(wal),
+        checkpoint_lsn,
+    );
+    shared.replay_log()?;
+    Ok(shared)
 }
 
 /// One leaf as the checkpoint records it.
@@ -222,7 +244,7 @@ struct LeafEntry {
     low: Vec<u8>,
 }
 
-fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<Vec<LeafEntry>> {
+fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<LeafEntry>)> {
     let bad = |reason| Error::corruption(path, None, reason);
     if bytes.len() < HEADER + 4 {
         return Err(bad("checkpoint file too short"));
@@ -244,9 +266,13 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<Vec<LeafEntry
             reason: "page size differs from the existing tree's",
         });
     }
-    let mut count_bytes = [0u8; 8];
-    count_bytes.copy_from_slice(&body[24..32]);
-    let count = u64::from_le_bytes(count_bytes);
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&body[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let lsn = u64_at(16);
+    let count = u64_at(24);
     let mut at = HEADER;
     let mut leaves = Vec::new();
     let mut seen = HashSet::new();
@@ -281,7 +307,7 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<Vec<LeafEntry
     if at != body.len() || leaves.is_empty() {
         return Err(bad("checkpoint length does not match its leaf count"));
     }
-    Ok(leaves)
+    Ok((lsn, leaves))
 }
 
 fn encode(page_size: usize, lsn: u64, leaves: &[(Vec<u8>, PageId, u64)]) -> Vec<u8> {
@@ -324,6 +350,9 @@ impl Shared {
         };
         let _one_at_a_time = self.pages.checkpointing.lock();
         self.drain_orphans();
+        // Every write below this LSN was applied before it was logged, so the leaves written
+        // below hold it; replay after a crash starts here.
+        let lsn = self.wal.as_ref().map_or(0, Wal::next_lsn);
         let snapshot = {
             // Holding the structure lock freezes the set of leaves; writers that need a split
             // retry until it is released. Leaf locks are taken while holding it: safe,
@@ -364,7 +393,7 @@ impl Shared {
             snapshot
         };
         let result = store.sync().and_then(|()| {
-            let bytes = encode(self.page_size, 0, &snapshot);
+            let bytes = encode(self.page_size, lsn, &snapshot);
             write_atomically(dir, &dir.join("checkpoint"), &bytes)
         });
         let mut t = self.pages.inner.lock();
@@ -383,6 +412,12 @@ impl Shared {
             self.counters
                 .checkpoints
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.checkpoint_lsn
+                .store(lsn, std::sync::atomic::Ordering::Release);
+            if let Some(wal) = &self.wal {
+                // The checkpoint is durable: the log below its LSN is no longer needed.
+                wal.release_before(lsn)?;
+            }
         }
         result
     }
@@ -401,7 +436,8 @@ mod tests {
         ];
         let bytes = encode(4096, 0, &leaves);
         let path = FsPath::new("checkpoint");
-        let back = decode(&bytes, path, 4096).unwrap();
+        let (lsn, back) = decode(&bytes, path, 4096).unwrap();
+        assert_eq!(lsn, 0);
         assert_eq!(back.len(), 3);
         assert_eq!(
             (back[1].pid, back[1].page, back[1].low.as_slice()),

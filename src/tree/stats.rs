@@ -44,6 +44,12 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Writes (inserts and removes) applied to a mini-page or mirror.
     pub writes_buffered: u64,
+    /// Log records appended.
+    pub log_appends: u64,
+    /// Log syncs (fdatasync): group commit makes this smaller than the writes under `Sync`.
+    pub log_syncs: u64,
+    /// Log records replayed when the tree was opened.
+    pub replayed: u64,
 }
 
 /// The live counters behind [`Stats`].
@@ -61,12 +67,14 @@ pub(crate) struct Counters {
     pub(crate) leaves_removed: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
     pub(crate) writes_buffered: AtomicU64,
+    pub(crate) replayed: AtomicU64,
 }
 
 impl Shared {
     pub(crate) fn stats(&self) -> Stats {
         let c = &self.counters;
         let store = self.store.as_ref().map(|s| s.stats()).unwrap_or_default();
+        let log = self.wal.as_ref().map(|w| w.stats()).unwrap_or_default();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             cache_hits: get(&c.cache_hits),
@@ -87,6 +95,9 @@ impl Shared {
             disk_pages_free: store.free_pages,
             checkpoints: get(&c.checkpoints),
             writes_buffered: get(&c.writes_buffered),
+            log_appends: log.appends,
+            log_syncs: log.syncs,
+            replayed: get(&c.replayed),
         }
     }
 }

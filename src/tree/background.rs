@@ -1,0 +1,171 @@
+//! Background work: eviction and checkpoints.
+//!
+//! Evictor threads (paper §4.3: evictions run concurrently, the head advances in order) keep
+//! free room at the tail of the circular buffer above a low-water mark, so writers seldom stop
+//! to write a leaf themselves; several evictions in flight also keep several disk I/Os in
+//! flight, which a single thread evicting synchronously cannot. A writer that still finds the
+//! buffer full evicts one block itself (that path guarantees progress); the threads only add
+//! throughput.
+//!
+//! A checkpointer thread writes a checkpoint when the log has grown past
+//! `Config::checkpoint_log_bytes` since the last one, which bounds the log's size and the
+//! time recovery needs to replay it.
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::Shared;
+use crate::sync::{AtomicBool, Ordering};
+
+/// How long an idle evictor sleeps before checking the buffer again.
+const POLL: Duration = Duration::from_millis(1);
+/// How long the idle checkpointer sleeps before checking the log again.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(50);
+/// After an eviction error (e.g. a full disk) wait this long before trying again; the writer
+/// that next needs room meets the same error itself and reports it.
+const BACKOFF_ON_ERROR: Duration = Duration::from_millis(20);
+
+/// A stop flag and a doorbell, shared between the tree and one kind of background thread.
+struct Control {
+    stop: AtomicBool,
+    wake: Mutex<bool>,
+    bell: Condvar,
+}
+
+impl Control {
+    fn new() -> Arc<Control> {
+        Arc::new(Control {
+            stop: AtomicBool::new(false),
+            wake: Mutex::new(false),
+            bell: Condvar::new(),
+        })
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn ring(&self) {
+        *self.wake.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.bell.notify_all();
+    }
+
+    /// Sleeps until rung, stopped, or `timeout` passes.
+    fn wait(&self, timeout: Duration) {
+        let guard = self.wake.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut woken, _) = self
+            .bell
+            .wait_timeout_while(guard, timeout, |w| !*w && !self.stopped())
+            .unwrap_or_else(PoisonError::into_inner);
+        *woken = false;
+    }
+}
+
+/// The running background threads of one tree.
+pub(crate) struct Background {
+    evict: Arc<Control>,
+    checkpoint: Arc<Control>,
+    evictors: usize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Shared {
+    /// Room below which evictors start: 1/16 of the buffer, at least four leaf pages.
+    fn low_water(&self) -> usize {
+        (self.pool.capacity() / 16).max(4 * self.page_size)
+    }
+
+    /// Whether the buffer is short of room (cheap: two atomic loads).
+    pub(crate) fn short_of_room(&self) -> bool {
+        self.pool.ring_free() < self.low_water()
+    }
+}
+
+impl Background {
+    /// Starts `evictors` evictor threads and, when writes are logged, a checkpointer (none
+    /// of either for in-memory trees).
+    pub(crate) fn start(tree: &Arc<Shared>, evictors: usize) -> Background {
+        let (evict, checkpoint) = (Control::new(), Control::new());
+        let file_backed = tree.store.is_some();
+        let evictors = if file_backed { evictors } else { 0 };
+        let mut threads = Vec::new();
+        for i in 0..evictors {
+            let (tree, control) = (tree.clone(), evict.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("bfkv-evict-{i}"))
+                .spawn(move || run_evictor(&tree, &control));
+            threads.extend(spawned.ok());
+        }
+        if file_backed && tree.log_writes && !cfg!(feature = "shuttle") {
+            let (tree, control) = (tree.clone(), checkpoint.clone());
+            let spawned = std::thread::Builder::new()
+                .name("bfkv-checkpoint".into())
+                .spawn(move || run_checkpointer(&tree, &control));
+            threads.extend(spawned.ok());
+        }
+        Background {
+            evict,
+            checkpoint,
+            evictors,
+            threads,
+        }
+    }
+
+    /// Wakes the evictors now (a writer found the buffer short of room).
+    pub(crate) fn nudge_evictors(&self) {
+        if self.evictors > 0 {
+            self.evict.ring();
+        }
+    }
+
+    /// Wakes the checkpointer now (the log grew past its mark).
+    pub(crate) fn nudge_checkpointer(&self) {
+        self.checkpoint.ring();
+    }
+
+    /// Stops and joins the threads.
+    pub(crate) fn stop(&mut self) {
+        for control in [&self.evict, &self.checkpoint] {
+            control.stop.store(true, Ordering::Release);
+            control.bell.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run_checkpointer(tree: &Shared, control: &Control) {
+    while !control.stopped() {
+        if tree.wants_checkpoint() && tree.checkpoint().is_err() {
+            // A failed checkpoint changes nothing durable; try again later. Writers keep
+            // logging meanwhile, and `flush`/`close` report the error to a caller.
+            std::thread::sleep(BACKOFF_ON_ERROR);
+        }
+        control.wait(CHECKPOINT_POLL);
+    }
+}
+
+fn run_evictor(tree: &Shared, control: &Control) {
+    while !control.stopped() {
+        if tree.short_of_room() {
+            // Evict until there is twice the low-water room, so bursts of writes find room.
+            let target = 2 * tree.low_water();
+            while tree.pool.ring_free() < target && !control.stopped() {
+                if tree.make_room().is_err() {
+                    std::thread::sleep(BACKOFF_ON_ERROR);
+                    break;
+                }
+            }
+            continue;
+        }
+        control.wait(POLL);
+    }
+}
