@@ -1,0 +1,234 @@
+//! Crash recovery by `kill -9`: a child process (this test binary, re-executed) writes under
+//! `Durability::Sync` or `Buffered` and reports each operation before issuing it and after it
+//! was acknowledged; the parent kills it at a random moment, reopens the directory and checks
+//! that every acknowledged write (removals included) is there. The one operation in flight at
+//! the kill may or may not have happened. The cache is tiny and checkpoints frequent, so
+//! evictions, splits and checkpoints are interrupted too.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bfkv::{Config, Durability, Tree};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const CHILD_ENV: &str = "BFKV_CRASH_CHILD";
+const CYCLES: u64 = 20;
+
+fn config(dir: &std::path::Path, durability: Durability) -> Config {
+    Config::new(dir)
+        .cache_size(256 << 10)
+        .durability(durability)
+        .checkpoint_log_bytes(1 << 20)
+}
+
+fn durability_from(name: &str) -> Durability {
+    match name {
+        "sync" => Durability::Sync,
+        _ => Durability::Buffered,
+    }
+}
+
+/// The child: open (recovering), then write forever, reporting `P op` before and `A` after
+/// each acknowledged operation.
+fn child(spec: &str) -> ! {
+    let mut parts = spec.split(',');
+    let (dir, mode, cycle) = (
+        parts.next().unwrap_or_default().to_string(),
+        parts.next().unwrap_or_default().to_string(),
+        parts
+            .next()
+            .and_then(|c| c.parse::<u64>().ok())
+            .unwrap_or(0),
+    );
+    let tree = Tree::open(config(dir.as_ref(), durability_from(&mode))).expect("child open");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "OPEN")
+        .and_then(|()| out.flush())
+        .expect("stdout");
+    let mut rng = StdRng::seed_from_u64(cycle);
+    for seq in 0u64.. {
+        let key = format!("key-{:05}", rng.gen_range(0..3000u32));
+        if rng.gen_ratio(1, 4) {
+            writeln!(out, "P R {key}")
+                .and_then(|()| out.flush())
+                .expect("stdout");
+            tree.remove(&key).expect("child remove");
+        } else {
+            let value = format!("c{cycle}-s{seq}-{}", "v".repeat(rng.gen_range(0..200)));
+            writeln!(out, "P I {key} {value}")
+                .and_then(|()| out.flush())
+                .expect("stdout");
+            tree.insert(&key, &value).expect("child insert");
+        }
+        writeln!(out, "A")
+            .and_then(|()| out.flush())
+            .expect("stdout");
+    }
+    unreachable!("the loop above never ends; the parent kills this process")
+}
+
+/// One operation as the child reported it.
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(String, String),
+    Remove(String),
+}
+
+fn parse(line: &str) -> Option<Op> {
+    let mut parts = line.splitn(4, ' ');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("P"), Some("I"), Some(k), Some(v)) => Some(Op::Insert(k.into(), v.into())),
+        (Some("P"), Some("R"), Some(k), None) => Some(Op::Remove(k.into())),
+        _ => None,
+    }
+}
+
+fn apply(model: &mut BTreeMap<String, String>, op: &Op) {
+    match op {
+        Op::Insert(k, v) => {
+            model.insert(k.clone(), v.clone());
+        }
+        Op::Remove(k) => {
+            model.remove(k);
+        }
+    }
+}
+
+fn run_cycles(mode: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut model: BTreeMap<String, String> = BTreeMap::new();
+    let exe = std::env::current_exe().expect("test binary");
+    let test_name = format!("kill_9_loses_no_acknowledged_write_{mode}");
+    let mut rng = StdRng::seed_from_u64(0xC0FFEE ^ mode.len() as u64);
+    let mut acknowledged_total = 0u64;
+    for cycle in 0..CYCLES {
+        let mut child = Command::new(&exe)
+            .args([
+                test_name.as_str(),
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                CHILD_ENV,
+                format!("{},{mode},{cycle}", dir.path().display()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let lifetime = Duration::from_millis(rng.gen_range(30..400));
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        // Wait for the child to have recovered (the test harness prints its own lines
+        // first), then let it run for `lifetime`.
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{mode} cycle {cycle}: child did not open"));
+            if line.ends_with("OPEN") {
+                break;
+            }
+        }
+        let start = Instant::now();
+        let mut pending: Option<Op> = None;
+        while start.elapsed() < lifetime {
+            match rx.recv_timeout(Duration::from_millis(5)) {
+                Ok(line) if line == "A" => {
+                    if let Some(op) = pending.take() {
+                        apply(&mut model, &op);
+                        acknowledged_total += 1;
+                    }
+                }
+                Ok(line) => pending = parse(&line),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(_) => panic!("{mode} cycle {cycle}: child exited early"),
+            }
+        }
+        child.kill().expect("kill -9"); // SIGKILL on Unix
+        let _ = child.wait();
+        // Lines the child wrote before dying still count: drain them.
+        let _ = reader.join();
+        for line in rx.try_iter() {
+            if line == "A" {
+                if let Some(op) = pending.take() {
+                    apply(&mut model, &op);
+                    acknowledged_total += 1;
+                }
+            } else {
+                pending = parse(&line);
+            }
+        }
+        // Reopen: every acknowledged write must be there; the pending one may or may not.
+        let tree =
+            Tree::open(config(dir.path(), durability_from(mode))).expect("reopen after kill");
+        let mut with_pending = model.clone();
+        if let Some(op) = &pending {
+            apply(&mut with_pending, op);
+        }
+        let got: BTreeMap<String, String> = tree
+            .iter()
+            .map(|r| {
+                let (k, v) = r.expect("scan after recovery");
+                (
+                    String::from_utf8(k).expect("utf8 key"),
+                    String::from_utf8(v).expect("utf8 value"),
+                )
+            })
+            .collect();
+        if got != model && got != with_pending {
+            let missing: Vec<_> = model
+                .iter()
+                .filter(|(k, v)| got.get(*k) != Some(v))
+                .take(5)
+                .collect();
+            let extra: Vec<_> = got
+                .iter()
+                .filter(|(k, v)| model.get(*k) != Some(v))
+                .take(5)
+                .collect();
+            panic!(
+                "{mode} cycle {cycle}: recovered state differs from the acknowledged writes \
+                 (pending {pending:?}); first differences: expected {missing:?}, found {extra:?}"
+            );
+        }
+        // Continue from what was recovered: that is the state the next child starts from.
+        model = got;
+        tree.close().expect("close after verification");
+    }
+    assert!(
+        acknowledged_total > 100,
+        "{mode}: only {acknowledged_total} writes were acknowledged"
+    );
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_sync() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    run_cycles("sync");
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_buffered() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    run_cycles("buffered");
+}
