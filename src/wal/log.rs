@@ -166,7 +166,11 @@ impl Wal {
         let flusher = match shared.config.durability {
             Durability::Buffered => {
                 let s = shared.clone();
-                Some(thread::spawn(move || s.flush_loop()))
+                let handle = thread::Builder::new()
+                    .name("bfkv-wal-flusher".into())
+                    .spawn(move || s.flush_loop())
+                    .map_err(|e| Error::io(dir, e))?;
+                Some(handle)
             }
             _ => None,
         };
