@@ -3,11 +3,11 @@
 
 use std::fs::File;
 use std::io::{self, BufReader};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, HEADER_SIZE, RECORD_OVERHEAD};
 use super::segment::{self, Segment, SCAN_BUFFER};
+use super::writer::Writer;
 use super::{LogOp, Lsn, ReplayStats, WalConfig, WalStats};
 use crate::error::{Error, Result};
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
@@ -31,13 +31,13 @@ pub(crate) struct Wal {
 
 /// Everything the appenders, committers and the flusher share.
 #[derive(Debug)]
-struct Shared {
+pub(super) struct Shared {
     /// The log directory.
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// The configuration.
-    config: WalConfig,
+    pub(super) config: WalConfig,
     /// Records appended but not yet taken by the writer.
-    pending: Mutex<Pending>,
+    pub(super) pending: Mutex<Pending>,
     /// The segments and the file position; held while writing.
     writer: Mutex<Writer>,
     /// Group-commit state: who leads, who waits.
@@ -45,7 +45,7 @@ struct Shared {
     /// The LSN the next append gets (a copy of `Pending::next_lsn` readable without a lock).
     appended: AtomicU64,
     /// Every record below this LSN reached the OS.
-    written: AtomicU64,
+    pub(super) written: AtomicU64,
     /// Every record below this LSN is on stable storage.
     synced: AtomicU64,
     /// Set when an `fdatasync` failed: the kernel may have dropped the dirty pages, so no
@@ -58,9 +58,9 @@ struct Shared {
     /// Asks the flusher to stop.
     stop: AtomicBool,
     /// `pwrite` calls.
-    writes: AtomicU64,
+    pub(super) writes: AtomicU64,
     /// `fdatasync` calls.
-    syncs: AtomicU64,
+    pub(super) syncs: AtomicU64,
 }
 
 /// Group-commit state.
@@ -74,35 +74,15 @@ struct Group {
 
 /// The append buffer.
 #[derive(Debug)]
-struct Pending {
+pub(super) struct Pending {
     /// Encoded records, back to back, starting at the writer's `end`.
-    bytes: Vec<u8>,
+    pub(super) bytes: Vec<u8>,
     /// The LSN the next append gets.
     next_lsn: Lsn,
     /// Records appended since open.
     appends: u64,
     /// Record bytes appended since open.
     bytes_appended: u64,
-}
-
-/// The writing side: segments and where the next byte goes.
-#[derive(Debug)]
-struct Writer {
-    /// Every segment, oldest first; the last is the active one.
-    segments: Vec<Segment>,
-    /// The active segment (shared with a leader that syncs it outside this lock).
-    file: Arc<File>,
-    /// Size of the active segment.
-    segment_size: u64,
-    /// File offset of the next write in the active segment.
-    offset: u64,
-    /// LSN after the last written record.
-    end: Lsn,
-    /// Records taken from the buffer, written up to `done` (kept across a failed write so
-    /// the next attempt writes them again at the same place).
-    inflight: Vec<u8>,
-    /// How much of `inflight` is written.
-    done: usize,
 }
 
 impl Wal {
@@ -166,7 +146,11 @@ impl Wal {
         let flusher = match shared.config.durability {
             Durability::Buffered => {
                 let s = shared.clone();
-                Some(thread::spawn(move || s.flush_loop()))
+                let handle = thread::Builder::new()
+                    .name("bfkv-wal-flusher".into())
+                    .spawn(move || s.flush_loop())
+                    .map_err(|e| Error::io(dir, e))?;
+                Some(handle)
             }
             _ => None,
         };
@@ -437,7 +421,7 @@ impl Shared {
     }
 
     /// Records a failed `fdatasync` and returns its error.
-    fn fail_sync(&self, path: &Path, e: io::Error) -> Error {
+    pub(super) fn fail_sync(&self, path: &Path, e: io::Error) -> Error {
         *self.failed.lock() = Some((path.to_path_buf(), e.kind()));
         self.is_failed.store(true, Ordering::Release);
         Error::io(path, e)
@@ -540,76 +524,5 @@ impl Shared {
                 let _ = self.sync_to(appended);
             }
         }
-    }
-}
-
-impl Writer {
-    /// Writes every buffered record to the segments, switching to a new segment when the
-    /// next record does not fit in the active one.
-    fn write_out(&mut self, s: &Shared) -> Result<()> {
-        {
-            let mut p = s.pending.lock();
-            if self.done == self.inflight.len() {
-                self.inflight.clear();
-                self.done = 0;
-                // Swapping keeps both allocations alive: no copy, no reallocation.
-                std::mem::swap(&mut self.inflight, &mut p.bytes);
-            } else {
-                self.inflight.extend_from_slice(&p.bytes);
-                p.bytes.clear();
-            }
-        }
-        while self.done < self.inflight.len() {
-            let rest = &self.inflight[self.done..];
-            let room = self.segment_size.saturating_sub(self.offset);
-            let n = if rest.len() as u64 <= room {
-                rest.len()
-            } else {
-                format::fitting_prefix(rest, room)
-            };
-            if n > 0 {
-                let path = self.active_path();
-                self.file
-                    .write_all_at(&rest[..n], self.offset)
-                    .map_err(|e| Error::io(path, e))?;
-                s.writes.fetch_add(1, Ordering::Relaxed);
-                self.offset += n as u64;
-                self.done += n;
-                self.end += n as u64;
-                s.written.fetch_max(self.end, Ordering::AcqRel);
-            }
-            if self.done < self.inflight.len() {
-                self.next_segment(s)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Path of the active segment.
-    fn active_path(&self) -> PathBuf {
-        self.segments
-            .last()
-            .map(|s| s.path.clone())
-            .unwrap_or_default()
-    }
-
-    /// Syncs the full active segment and starts a new one at the current end. The sync comes
-    /// first so that only the last segment can ever hold a torn tail.
-    fn next_segment(&mut self, s: &Shared) -> Result<()> {
-        if self.offset == HEADER_SIZE && self.segment_size >= s.config.segment_size {
-            // `append` refuses records larger than a segment; this cannot loop.
-            return Err(Error::InvalidConfig {
-                reason: "log record larger than a segment",
-            });
-        }
-        let path = self.active_path();
-        self.file.sync_data().map_err(|e| s.fail_sync(&path, e))?;
-        s.syncs.fetch_add(1, Ordering::Relaxed);
-        let (seg, file) = segment::create_segment(&s.dir, self.end, s.config.segment_size)?;
-        self.segments.push(seg);
-        self.file = Arc::new(file);
-        self.segment_size = s.config.segment_size;
-        self.offset = HEADER_SIZE;
-        Ok(())
     }
 }

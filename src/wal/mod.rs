@@ -64,11 +64,14 @@ mod format;
 mod fuzz;
 mod log;
 mod segment;
+mod writer;
 
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests_crash;
 
 #[cfg(feature = "internals")]
 pub(crate) use fuzz::decode_check;
