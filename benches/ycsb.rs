@@ -46,7 +46,7 @@ fn env_count(name: &str, default: u64) -> u64 {
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
     Ok(match name {
-        "bfkv" => Box::new(Bfkv::open(dir, cache)?),
+        "bfkv" => Box::new(Bfkv::open(dir, cache, None)?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(cache)?),
         _ => Box::new(MsBfTree::open(dir, cache)?),
     })

@@ -58,6 +58,9 @@ struct Args {
     /// mode, for data that fits in the cache).
     #[arg(long, default_value = "bf-tree")]
     peer: String,
+    /// bfkv's read-promotion percentage (default: bfkv's own default, 5; bf-tree's is 30).
+    #[arg(long)]
+    bfkv_promotion: Option<u8>,
     /// Internal: run one engine in this process and print raw results.
     #[arg(long, hide = true)]
     engine: Option<String>,
@@ -115,7 +118,11 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base)?;
     let engine: Box<dyn Engine> = match engine_name {
-        "bfkv" => Box::new(Bfkv::open(dir.path(), args.cache_size)?),
+        "bfkv" => Box::new(Bfkv::open(
+            dir.path(),
+            args.cache_size,
+            args.bfkv_promotion,
+        )?),
         "bf-tree" => Box::new(MsBfTree::open(dir.path(), args.cache_size)?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(args.cache_size)?),
         other => return Err(format!("unknown engine {other}").into()),
@@ -201,6 +208,9 @@ fn spawn(args: &Args, engine: &str, threads: usize) -> Result<Vec<Row>, BoxError
     }
     if let Some(n) = args.ops {
         cmd.args(["--ops", &n.to_string()]);
+    }
+    if let Some(p) = args.bfkv_promotion {
+        cmd.args(["--bfkv-promotion", &p.to_string()]);
     }
     if let Some(d) = &args.dir {
         cmd.arg("--dir").arg(d);

@@ -34,11 +34,15 @@ pub trait Engine: Sync {
 pub struct Bfkv(pub Tree);
 
 impl Bfkv {
-    /// Opens a bfkv tree in `dir` with `cache` bytes of circular buffer.
-    pub fn open(dir: &Path, cache: usize) -> Result<Bfkv, BoxError> {
-        let config = Config::new(dir)
+    /// Opens a bfkv tree in `dir` with `cache` bytes of circular buffer and, if given, a
+    /// read-promotion percentage other than the default.
+    pub fn open(dir: &Path, cache: usize, promotion: Option<u8>) -> Result<Bfkv, BoxError> {
+        let mut config = Config::new(dir)
             .cache_size(cache)
             .durability(Durability::None);
+        if let Some(p) = promotion {
+            config = config.promotion_percent(p);
+        }
         Ok(Bfkv(Tree::open(config)?))
     }
 }
