@@ -54,6 +54,13 @@ struct Args {
     /// Parent directory for the databases (default: the system temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The peer: `bf-tree` (file-backed, direct I/O) or `bf-tree-cache-only` (its in-memory
+    /// mode, for data that fits in the cache).
+    #[arg(long, default_value = "bf-tree")]
+    peer: String,
+    /// bfkv's read-promotion percentage (default: bfkv's own default, 5; bf-tree's is 30).
+    #[arg(long)]
+    bfkv_promotion: Option<u8>,
     /// Internal: run one engine in this process and print raw results.
     #[arg(long, hide = true)]
     engine: Option<String>,
@@ -111,8 +118,13 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base)?;
     let engine: Box<dyn Engine> = match engine_name {
-        "bfkv" => Box::new(Bfkv::open(dir.path(), args.cache_size)?),
+        "bfkv" => Box::new(Bfkv::open(
+            dir.path(),
+            args.cache_size,
+            args.bfkv_promotion,
+        )?),
         "bf-tree" => Box::new(MsBfTree::open(dir.path(), args.cache_size)?),
+        "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(args.cache_size)?),
         other => return Err(format!("unknown engine {other}").into()),
     };
     let threads = args.threads.first().copied().unwrap_or(1);
@@ -197,6 +209,9 @@ fn spawn(args: &Args, engine: &str, threads: usize) -> Result<Vec<Row>, BoxError
     if let Some(n) = args.ops {
         cmd.args(["--ops", &n.to_string()]);
     }
+    if let Some(p) = args.bfkv_promotion {
+        cmd.args(["--bfkv-promotion", &p.to_string()]);
+    }
     if let Some(d) = &args.dir {
         cmd.arg("--dir").arg(d);
     }
@@ -224,7 +239,8 @@ fn workload_arg(w: Workload) -> String {
 fn parent(args: &Args) -> Result<(), BoxError> {
     let dropped = drop_page_cache();
     println!(
-        "{} records (16 B keys, 16 B values), cache {} MiB, Zipf {DEFAULT_THETA}, {} s per phase, median of {} runs; page cache dropped between engines: {}",
+        "bfkv vs {}: {} records (16 B keys, 16 B values), cache {} MiB, Zipf {DEFAULT_THETA}, {} s per phase, median of {} runs; page cache dropped between engines: {}",
+        args.peer,
         args.records,
         args.cache_size >> 20,
         args.ops.map_or(args.duration.to_string(), |n| format!("{n} ops")),
@@ -236,15 +252,15 @@ fn parent(args: &Args) -> Result<(), BoxError> {
         "thr",
         "phase",
         "bfkv op/s",
-        "bf-tree op/s",
+        "peer op/s",
         "ratio",
         "bfkv io r/w/op",
-        "bf-tree io r/w",
+        "peer io r/w",
         "bfkv leaf r/w"
     );
     for &threads in &args.threads {
         let mut per_engine = Vec::new();
-        for engine in ["bfkv", "bf-tree"] {
+        for engine in ["bfkv", args.peer.as_str()] {
             let mut runs = Vec::new();
             for run in 0..args.runs.max(1) {
                 drop_page_cache();
