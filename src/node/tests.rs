@@ -519,3 +519,29 @@ fn decode_check_survives_mutated_nodes() {
         fuzz::decode_check(&data);
     }
 }
+
+#[test]
+fn bounds_check_accepts_built_nodes_and_rejects_out_of_bounds_records() {
+    let mut b = buf(4096);
+    let mut n = NodeMut::init(&mut b, NodeKind::Leaf, Some(b"apple"), Some(b"apricot"));
+    for k in [&b"apple"[..], b"applesauce", b"appliance"] {
+        n.upsert(k, b"value", RecordKind::Insert).unwrap();
+    }
+    assert!(NodeRef::from_checksummed(&b).is_ok());
+    // A record whose length runs past the end of the page: both depths refuse it.
+    let meta_at = HEADER_SIZE + 2 * 8;
+    let mut bad = b.clone();
+    let m = u64::from_le_bytes(bad[meta_at..meta_at + 8].try_into().unwrap());
+    let huge_value = m | (0x7fff << 29);
+    bad[meta_at..meta_at + 8].copy_from_slice(&huge_value.to_le_bytes());
+    assert!(NodeRef::from_checksummed(&bad).is_err());
+    assert!(NodeRef::from_bytes_checked(&bad).is_err());
+    // Records swapped out of order stay in bounds: only the full check notices.
+    let mut swapped = b.clone();
+    let (x, y) = (meta_at, meta_at + 8);
+    let (first, second) = (swapped[x..x + 8].to_vec(), swapped[y..y + 8].to_vec());
+    swapped[x..x + 8].copy_from_slice(&second);
+    swapped[y..y + 8].copy_from_slice(&first);
+    assert!(NodeRef::from_checksummed(&swapped).is_ok());
+    assert!(NodeRef::from_bytes_checked(&swapped).is_err());
+}

@@ -62,7 +62,8 @@ impl Shared {
             if let Some(d) = disk.filter(|d| *d != NO_PAGE) {
                 with_page_buf(self.page_size, |buf| -> Result<(), String> {
                     self.read_page(d, buf).map_err(|e| e.to_string())?;
-                    let node = self.check_leaf(d, buf).map_err(|e| e.to_string())?;
+                    self.check_leaf(d, buf).map_err(|e| e.to_string())?;
+                    let node = NodeRef::from_bytes_checked(buf).map_err(|e| e.0.to_string())?;
                     check_node(node, "disk leaf")
                 })?;
             }

@@ -99,7 +99,8 @@ pub(crate) enum Written {
 impl Shared {
     /// Checks that a page read from disk is a well-formed leaf.
     pub(crate) fn check_leaf<'b>(&self, page: u64, buf: &'b [u8]) -> Result<NodeRef<'b>> {
-        let node = NodeRef::from_bytes_checked(buf)
+        // The store verified the page's checksum before returning it.
+        let node = NodeRef::from_checksummed(buf)
             .map_err(|e| Error::corruption(&self.data_path, Some(page), e.0))?;
         if node.kind() != NodeKind::Leaf {
             return Err(Error::corruption(
@@ -167,7 +168,7 @@ impl Shared {
                         Some(v) => (v.as_slice(), RecordKind::Cache),
                         None => (&[][..], RecordKind::Phantom),
                     };
-                    match self.put_buffered(path, &mut w, key, v, kind, Some(leaf))? {
+                    match self.put_buffered(path, &mut w, key, v, kind)? {
                         Ok(_) => {
                             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
                         }
@@ -192,12 +193,11 @@ impl Shared {
             WriteOp::Put(v) => (v, RecordKind::Insert),
             WriteOp::Delete => (&[][..], RecordKind::Tombstone),
         };
-        self.put_buffered(path, page, key, value, kind, None)
+        self.put_buffered(path, page, key, value, kind)
     }
 
     /// Puts one record into the leaf's buffered node: creates a mini-page, grows it, turns it
-    /// into a full-page mirror or splits the leaf as needed. `leaf` is the disk leaf when the
-    /// caller has already read it (promotions), saving a read on conversion.
+    /// into a full-page mirror (writes only) or splits the leaf as needed.
     pub(super) fn put_buffered<'p>(
         &'p self,
         path: &Path<'_>,
@@ -205,8 +205,8 @@ impl Shared {
         key: &[u8],
         value: &[u8],
         kind: RecordKind,
-        leaf: Option<NodeRef<'_>>,
     ) -> Attempt<Written> {
+        let mut shed = false;
         loop {
             let addr = match page.location() {
                 Location::Disk(disk) => {
@@ -245,7 +245,7 @@ impl Shared {
                     apply(&mut records, key, write_op(value, kind));
                     return self.rebuild_leaf(path, page, key, records);
                 }
-                match self.to_mirror(path, page, leaf)? {
+                match self.to_mirror(path, page)? {
                     Ok(()) => continue,
                     Err(r) => return Ok(Err(r)),
                 }
@@ -301,10 +301,20 @@ impl Shared {
                     Err(r) => return Ok(Err(r)),
                 }
             }
-            if !kind.is_dirty() && leaf.is_none() {
-                return Ok(Ok(Written::Done)); // never read the disk just to cache a record
+            if !kind.is_dirty() {
+                // A cached answer never turns a mini-page into a full-page mirror: that would
+                // fill memory with the leaf's cold records. Shed the mini-page's own cold clean
+                // records instead (as copy-on-access does), once; without room, skip caching.
+                if shed {
+                    return Ok(Ok(Written::Done));
+                }
+                shed = true;
+                if !self.shed_cold(page) {
+                    return Ok(Ok(Written::Done));
+                }
+                continue;
             }
-            match self.to_mirror(path, page, leaf)? {
+            match self.to_mirror(path, page)? {
                 Ok(()) => continue,
                 Err(r) => return Ok(Err(r)),
             }
@@ -374,26 +384,42 @@ impl Shared {
         Ok(Ok(()))
     }
 
+    /// Rewrites the mini-page without its clean records whose reference bit is clear,
+    /// clearing the others' bits. False if it had none to drop or no memory was free.
+    fn shed_cold<'p>(&'p self, page: &mut WriteGuard<'p>) -> bool {
+        let Some(bytes) = page.mini() else { return false };
+        let node = NodeRef::from_bytes(bytes);
+        let cold = (0..node.len()).any(|i| !node.record_kind(i).is_dirty() && !node.ref_bit(i));
+        if !cold {
+            return false;
+        }
+        let Some(mut block) = self.pool.alloc(node.size(), page.page_id()) else {
+            return false;
+        };
+        let keep = |kind: RecordKind, referenced: bool| kind.is_dirty() || referenced;
+        if node::copy_filtered(node, block.bytes_mut(), keep, true).is_err() {
+            return false;
+        }
+        if let Some(old) = page.set_mini(block) {
+            self.pool.dealloc(old);
+        }
+        true
+    }
+
     /// Merges the mini-page with its disk leaf into a full-page mirror (paper §5.5), or
     /// splits when the merged records need more than a page.
-    fn to_mirror<'p>(
-        &'p self,
-        path: &Path<'_>,
-        page: &mut WriteGuard<'p>,
-        leaf: Option<NodeRef<'_>>,
-    ) -> Attempt<()> {
+    fn to_mirror<'p>(&'p self, path: &Path<'_>, page: &mut WriteGuard<'p>) -> Attempt<()> {
         let Some(bytes) = page.mini() else {
             return Ok(Err(Restart::Retry));
         };
         let mini = NodeRef::from_bytes(bytes);
         let disk = mini.disk_page();
-        let records = match (leaf, disk) {
-            (Some(leaf), _) => node::merge_sorted(leaf, mini),
-            (None, Some(p)) => with_page_buf(self.page_size, |buf| -> Result<Vec<Record>> {
+        let records = match disk {
+            Some(p) => with_page_buf(self.page_size, |buf| -> Result<Vec<Record>> {
                 self.read_page(p, buf)?;
                 Ok(node::merge_sorted(self.check_leaf(p, buf)?, mini))
             })?,
-            (None, None) => node_records(mini)
+            None => node_records(mini)
                 .into_iter()
                 .filter(|r| r.kind.exists())
                 .map(|r| Record {
