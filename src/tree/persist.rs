@@ -219,7 +219,7 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
                 d => d,
             },
             flush_interval: config.flush_interval,
-            ..WalConfig::default()
+            segment_size: config.log_segment_size,
         },
     )?;
     let shared = Shared::assemble(
