@@ -62,6 +62,7 @@ pub struct Config {
     pub(crate) evictor_threads: usize,
     pub(crate) flush_interval: Duration,
     pub(crate) checkpoint_log_bytes: u64,
+    pub(crate) log_segment_size: u64,
 }
 
 impl Config {
@@ -88,6 +89,7 @@ impl Config {
             evictor_threads: 2,
             flush_interval: Duration::from_millis(5),
             checkpoint_log_bytes: 128 << 20,
+            log_segment_size: 64 << 20,
         }
     }
 
@@ -158,6 +160,14 @@ impl Config {
     /// bounding the log's size and recovery time. Default 128 MiB.
     pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Self {
         self.checkpoint_log_bytes = bytes;
+        self
+    }
+
+    /// Size of each write-ahead log segment file (4 KiB to 4 GiB). Default 64 MiB. Hidden:
+    /// the damaged-file tests and benchmarks use small segments to have many of them.
+    #[doc(hidden)]
+    pub fn log_segment_size(mut self, bytes: u64) -> Self {
+        self.log_segment_size = bytes;
         self
     }
 

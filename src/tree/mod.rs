@@ -21,6 +21,8 @@ mod evict;
 mod inner;
 mod leaf;
 mod persist;
+#[cfg(all(test, not(feature = "shuttle")))]
+mod power_tests;
 mod scan;
 #[cfg(all(test, feature = "shuttle"))]
 mod shuttle_tests;

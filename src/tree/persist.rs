@@ -20,7 +20,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};
 
 use super::{inner, Restart, Shared};
@@ -29,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::pool::{BufferPool, Location, PageId};
 use crate::store::{Backend, FileStore, PageStore, FIRST_DATA_PAGE};
 use crate::sync::{Arc, Mutex};
+use crate::wal::vfs::{self, LogFs, StdFs};
 use crate::wal::{Lsn, Wal, WalConfig};
 use crate::Durability;
 
@@ -166,8 +166,22 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
     let data_path = dir.join("data");
     let store: Arc<dyn PageStore> =
         Arc::new(FileStore::open(&data_path, config.page_size, backend)?);
+    open_on(config, &dir, store, data_path, Arc::new(StdFs), Some(lock))
+}
+
+/// Opens the tree in `dir` over the page store `store` (named `data_path` in errors), with
+/// its log and checkpoint file on `fs`: the production `open` passes the data file and
+/// [`StdFs`]; the power-cut tests pass a `FaultStore` and an in-memory `MemFs`.
+pub(crate) fn open_on(
+    config: Config,
+    dir: &FsPath,
+    store: Arc<dyn PageStore>,
+    data_path: PathBuf,
+    fs: Arc<dyn LogFs>,
+    lock: Option<DirLock>,
+) -> Result<Shared> {
     let ckpt_path = dir.join("checkpoint");
-    let loaded = match fs::read(&ckpt_path) {
+    let loaded = match vfs::read_all(&*fs, &ckpt_path) {
         Ok(bytes) => Some(decode(&bytes, &ckpt_path, config.page_size)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io(&ckpt_path, e)),
@@ -209,7 +223,8 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
             (pool, root, PageTracker::default())
         }
     };
-    let wal = Wal::open(
+    let wal = Wal::open_on(
+        fs,
         &dir.join("wal"),
         WalConfig {
             // A tree without logging still opens its log to replay what an earlier session
@@ -219,7 +234,7 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
                 d => d,
             },
             flush_interval: config.flush_interval,
-            ..WalConfig::default()
+            segment_size: config.log_segment_size,
         },
     )?;
     let shared = Shared::assemble(
@@ -229,7 +244,7 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
         data_path,
         root,
         tracker,
-        Some(lock),
+        lock,
         Some(wal),
         checkpoint_lsn,
     );
@@ -330,29 +345,27 @@ fn encode(page_size: usize, lsn: u64, leaves: &[(Vec<u8>, PageId, u64)]) -> Vec<
 }
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync the directory.
-fn write_atomically(dir: &FsPath, path: &FsPath, bytes: &[u8]) -> Result<()> {
+fn write_atomically(fs: &dyn LogFs, dir: &FsPath, path: &FsPath, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    let f = fs.open(&tmp, true).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all_at(bytes, 0).map_err(|e| Error::io(&tmp, e))?;
     f.sync_all().map_err(|e| Error::io(&tmp, e))?;
     drop(f);
-    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(dir, e))
+    fs.rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    fs.sync_dir(dir).map_err(|e| Error::io(dir, e))
 }
 
 impl Shared {
     /// Writes every buffered leaf and a new checkpoint file (see the module docs).
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        let (Some(store), Some(dir)) = (&self.store, &self.config.dir) else {
+        let (Some(store), Some(dir), Some(wal)) = (&self.store, &self.config.dir, &self.wal) else {
             return Ok(());
         };
         let _one_at_a_time = self.pages.checkpointing.lock();
         self.drain_orphans();
         // Every write below this LSN was applied before it was logged, so the leaves written
         // below hold it; replay after a crash starts here.
-        let lsn = self.wal.as_ref().map_or(0, Wal::next_lsn);
+        let lsn = wal.next_lsn();
         let snapshot = {
             // Holding the structure lock freezes the set of leaves; writers that need a split
             // retry until it is released. Leaf locks are taken while holding it: safe,
@@ -394,7 +407,7 @@ impl Shared {
         };
         let result = store.sync().and_then(|()| {
             let bytes = encode(self.page_size, lsn, &snapshot);
-            write_atomically(dir, &dir.join("checkpoint"), &bytes)
+            write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
         });
         let mut t = self.pages.inner.lock();
         let in_progress = std::mem::take(&mut t.in_progress);
@@ -414,10 +427,8 @@ impl Shared {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.checkpoint_lsn
                 .store(lsn, std::sync::atomic::Ordering::Release);
-            if let Some(wal) = &self.wal {
-                // The checkpoint is durable: the log below its LSN is no longer needed.
-                wal.release_before(lsn)?;
-            }
+            // The checkpoint is durable: the log below its LSN is no longer needed.
+            wal.release_before(lsn)?;
         }
         result
     }

@@ -1,12 +1,12 @@
 //! [`Wal`]: the append buffer, the writer with its segments, group commit, the background
 //! flusher, replay and segment release.
 
-use std::fs::File;
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::format::{self, HEADER_SIZE, RECORD_OVERHEAD};
 use super::segment::{self, Segment, SCAN_BUFFER};
+use super::vfs::{LogFs, Reader};
 use super::writer::Writer;
 use super::{LogOp, Lsn, ReplayStats, WalConfig, WalStats};
 use crate::error::{Error, Result};
@@ -34,6 +34,8 @@ pub(crate) struct Wal {
 pub(super) struct Shared {
     /// The log directory.
     pub(super) dir: PathBuf,
+    /// The file layer the segments live on.
+    pub(super) fs: Arc<dyn LogFs>,
     /// The configuration.
     pub(super) config: WalConfig,
     /// Records appended but not yet taken by the writer.
@@ -92,7 +94,16 @@ impl Wal {
     /// # Errors
     /// `InvalidConfig` for a bad configuration, `Io` on file errors, `Corruption` for a
     /// damaged segment before the tail.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn open(dir: &Path, config: WalConfig) -> Result<Wal> {
+        Wal::open_on(Arc::new(super::vfs::StdFs), dir, config)
+    }
+
+    /// [`Wal::open`] on the file layer `fs` (the power-cut tests pass an in-memory one).
+    ///
+    /// # Errors
+    /// As [`Wal::open`].
+    pub(crate) fn open_on(fs: Arc<dyn LogFs>, dir: &Path, config: WalConfig) -> Result<Wal> {
         if !(format::MIN_SEGMENT_SIZE..=format::MAX_SEGMENT_SIZE).contains(&config.segment_size) {
             return Err(Error::InvalidConfig {
                 reason: "log segment size must be between 4 KiB and 4 GiB",
@@ -108,10 +119,11 @@ impl Wal {
                 reason: "log flush interval must be positive",
             });
         }
-        let rec = segment::recover(dir, config.segment_size)?;
+        let rec = segment::recover(&*fs, dir, config.segment_size)?;
         let end = rec.end_lsn;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
+            fs,
             pending: Mutex::new(Pending {
                 bytes: Vec::new(),
                 next_lsn: end,
@@ -120,7 +132,7 @@ impl Wal {
             }),
             writer: Mutex::new(Writer {
                 segments: rec.segments,
-                file: Arc::new(rec.file),
+                file: rec.file,
                 segment_size: rec.segment_size,
                 offset: rec.offset,
                 end,
@@ -198,8 +210,10 @@ impl Wal {
             .saturating_sub(1);
         for (i, seg) in segments.iter().enumerate().skip(start) {
             let until = segments.get(i + 1).map_or(end, |next| next.first_lsn);
-            let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
-            let mut r = BufReader::with_capacity(SCAN_BUFFER, file);
+            let file =
+                s.fs.open(&seg.path, false)
+                    .map_err(|e| Error::io(&seg.path, e))?;
+            let mut r = BufReader::with_capacity(SCAN_BUFFER, Reader::new(file));
             let header = format::read_header(&mut r, &seg.path)?
                 .map_err(|reason| Error::corruption(&seg.path, None, reason))?;
             stats.segments += 1;
@@ -239,12 +253,12 @@ impl Wal {
             });
         }
         while let Some(seg) = w.segments.first().cloned() {
-            segment::remove_segment(&s.dir, &seg)?;
+            segment::remove_segment(&*s.fs, &s.dir, &seg)?;
             w.segments.remove(0);
         }
-        let (seg, file) = segment::create_segment(&s.dir, lsn, s.config.segment_size)?;
+        let (seg, file) = segment::create_segment(&*s.fs, &s.dir, lsn, s.config.segment_size)?;
         w.segments.push(seg);
-        w.file = Arc::new(file);
+        w.file = file;
         w.segment_size = s.config.segment_size;
         w.offset = HEADER_SIZE;
         w.end = lsn;
@@ -347,7 +361,7 @@ impl Wal {
             w.segments.drain(..n).collect()
         };
         for (i, seg) in victims.iter().enumerate() {
-            if let Err(e) = segment::remove_segment(&s.dir, seg) {
+            if let Err(e) = segment::remove_segment(&*s.fs, &s.dir, seg) {
                 let mut w = s.writer.lock();
                 let rest = victims[i..].iter().cloned();
                 w.segments.splice(0..0, rest);
@@ -355,6 +369,11 @@ impl Wal {
             }
         }
         Ok(())
+    }
+
+    /// The file layer the log (and the checkpoint beside it) lives on.
+    pub(crate) fn fs(&self) -> &Arc<dyn LogFs> {
+        &self.shared.fs
     }
 
     /// Bytes of log records since `lsn` (to trigger automatic checkpoints).

@@ -63,7 +63,10 @@ mod format;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 mod fuzz;
 mod log;
+#[cfg(all(test, not(feature = "shuttle")))]
+pub(crate) mod memfs;
 mod segment;
+pub(crate) mod vfs;
 mod writer;
 
 #[cfg(all(test, feature = "shuttle"))]

@@ -87,7 +87,7 @@ fn expect_replay(wal: &Wal, from: Lsn, lsns: &[Lsn], recs: &[Rec]) {
 }
 
 fn segment_paths(dir: &Path) -> Vec<PathBuf> {
-    list_segments(dir)
+    list_segments(&super::vfs::StdFs, dir)
         .expect("list")
         .into_iter()
         .map(|s| s.path)
@@ -338,7 +338,7 @@ fn release_before_deletes_old_segments() {
     let ckpt = lsns[700];
     assert_eq!(wal.bytes_since(ckpt), wal.next_lsn() - ckpt);
     wal.release_before(ckpt).expect("release");
-    let after = list_segments(dir.path()).expect("list");
+    let after = list_segments(&super::vfs::StdFs, dir.path()).expect("list");
     assert!(after.len() < before / 2, "{before} -> {}", after.len());
     assert!(
         after[0].first_lsn <= ckpt,
@@ -353,7 +353,12 @@ fn release_before_deletes_old_segments() {
     ));
     // Releasing everything keeps the active segment; the log continues.
     wal.release_before(wal.next_lsn()).expect("release all");
-    assert_eq!(list_segments(dir.path()).expect("list").len(), 1);
+    assert_eq!(
+        list_segments(&super::vfs::StdFs, dir.path())
+            .expect("list")
+            .len(),
+        1
+    );
     let more = random_records(8, 10, 10);
     let more_lsns = write_all(&wal, &more);
     drop(wal);

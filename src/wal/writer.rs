@@ -1,13 +1,12 @@
 //! The writing side of the log: moves buffered records into segment files with `pwrite`,
 //! switching to a new segment when the next record does not fit.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::format::{self, HEADER_SIZE};
 use super::log::Shared;
 use super::segment::{self, Segment};
+use super::vfs::LogFile;
 use super::Lsn;
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Ordering};
@@ -18,7 +17,7 @@ pub(crate) struct Writer {
     /// Every segment, oldest first; the last is the active one.
     pub(super) segments: Vec<Segment>,
     /// The active segment (shared with a leader that syncs it outside this lock).
-    pub(super) file: Arc<File>,
+    pub(super) file: Arc<dyn LogFile>,
     /// Size of the active segment.
     pub(super) segment_size: u64,
     /// File offset of the next write in the active segment.
@@ -94,9 +93,9 @@ impl Writer {
         let path = self.active_path();
         self.file.sync_data().map_err(|e| s.fail_sync(&path, e))?;
         s.syncs.fetch_add(1, Ordering::Relaxed);
-        let (seg, file) = segment::create_segment(&s.dir, self.end, s.config.segment_size)?;
+        let (seg, file) = segment::create_segment(&*s.fs, &s.dir, self.end, s.config.segment_size)?;
         self.segments.push(seg);
-        self.file = Arc::new(file);
+        self.file = file;
         self.segment_size = s.config.segment_size;
         self.offset = HEADER_SIZE;
         Ok(())

@@ -1,0 +1,263 @@
+//! Durability benchmarks (issue 5): `Sync` inserts with 1, 2 and 4 threads (ops/s and log
+//! fsyncs per operation), `Buffered` against `None` on YCSB-A, the writers' pause during a
+//! checkpoint of a large dirty cache, and recovery time for 1M logged operations.
+//!
+//! Run: `cargo run --release --example durability -- [sync|ycsb|pause|recovery|all]`.
+//! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bfkv::{Config, Durability, Tree};
+use bfkv_workload::{key, value, Distribution, Op, OpGen, Phase, DEFAULT_THETA};
+
+/// Re-executed child for the recovery figure: `recovery-child <dir> <ops>`.
+const CHILD_ARG: &str = "recovery-child";
+
+fn bench_dir(name: &str) -> PathBuf {
+    let base = std::env::var_os("BFKV_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"));
+    let dir = base.join("durability").join(name);
+    // A leftover from an earlier run would be recovered instead of created.
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `Sync` inserts of distinct 16-byte keys with 16-byte values from `threads` threads.
+fn sync_inserts(threads: u64, ops: u64) {
+    let dir = bench_dir(&format!("sync-{threads}"));
+    let tree = Tree::open(Config::new(&dir).durability(Durability::Sync)).expect("open");
+    let before = tree.stats().log_syncs;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let tree = &tree;
+            s.spawn(move || {
+                for i in (t..ops).step_by(threads as usize) {
+                    tree.insert(key(i), value(i, 0, 16)).expect("insert");
+                }
+            });
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let syncs = tree.stats().log_syncs - before;
+    println!(
+        "sync-inserts threads={threads} ops={ops} ops_per_s={:.0} log_syncs={syncs} \
+         fsyncs_per_op={:.3}",
+        ops as f64 / secs,
+        syncs as f64 / ops as f64
+    );
+    tree.close().expect("close");
+}
+
+/// YCSB-A (50 % reads, 50 % updates, Zipf 0.9) over `records` 16-byte records that fit in the
+/// cache, `ops` operations from `threads` threads; returns ops/s.
+fn ycsb_a(durability: Durability, records: u64, ops: u64, threads: usize) -> f64 {
+    let dir = bench_dir(&format!("ycsb-{durability:?}"));
+    let tree = Tree::open(
+        Config::new(&dir)
+            .cache_size(256 << 20)
+            .durability(durability),
+    )
+    .expect("open");
+    for i in 0..records {
+        tree.insert(key(i), value(i, 0, 16)).expect("load");
+    }
+    tree.flush().expect("flush");
+    let per_thread = ops / threads as u64;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let tree = &tree;
+            s.spawn(move || {
+                let gen = OpGen::new(
+                    Phase::A,
+                    records,
+                    Distribution::Zipf(DEFAULT_THETA),
+                    42,
+                    t,
+                    threads,
+                    Arc::new(AtomicU64::new(records)),
+                )
+                .expect("generator");
+                let mut buf = [0u8; 16];
+                for op in gen.take(per_thread as usize) {
+                    match op {
+                        Op::Read(r) => {
+                            std::hint::black_box(tree.get(key(r)).expect("get"));
+                        }
+                        Op::Update { record, version } => {
+                            bfkv_workload::write_value(&mut buf, record, version);
+                            tree.insert(key(record), buf).expect("update");
+                        }
+                        other => panic!("YCSB-A produced {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+    let rate = (per_thread * threads as u64) as f64 / start.elapsed().as_secs_f64();
+    let s = tree.stats();
+    println!(
+        "ycsb-a durability={durability:?} records={records} threads={threads} \
+         ops_per_s={rate:.0} misses={} log_syncs={}",
+        s.cache_misses, s.log_syncs
+    );
+    tree.close().expect("close");
+    rate
+}
+
+/// Two writers update records while the main thread checkpoints a cache full of dirty
+/// mini-pages; reports the checkpoint's length and the longest single write before and
+/// during it.
+fn checkpoint_pause(records: u64) {
+    let dir = bench_dir("pause");
+    let tree = Tree::open(
+        Config::new(&dir)
+            .cache_size(512 << 20)
+            .durability(Durability::Buffered)
+            .checkpoint_log_bytes(1 << 40),
+    )
+    .expect("open");
+    for i in 0..records {
+        tree.insert(key(i), value(i, 0, 16)).expect("load");
+    }
+    let dirty_leaves = tree.stats();
+    let stop = AtomicBool::new(false);
+    let in_checkpoint = AtomicBool::new(false);
+    let (mut worst_before, mut worst_during, mut writes_during) = (0u64, 0u64, 0u64);
+    let mut ckpt = Duration::ZERO;
+    std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for t in 0..2u64 {
+            let (tree, stop, in_checkpoint) = (&tree, &stop, &in_checkpoint);
+            handles.push(s.spawn(move || {
+                let (mut before, mut during, mut n_during) = (0u64, 0u64, 0u64);
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = bfkv_workload::splitmix64(i) % records;
+                    let t0 = Instant::now();
+                    tree.insert(key(r), value(r, i, 16)).expect("update");
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    if in_checkpoint.load(Ordering::Relaxed) {
+                        during = during.max(ns);
+                        n_during += 1;
+                    } else {
+                        before = before.max(ns);
+                    }
+                    i += 2;
+                }
+                (before, during, n_during)
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        in_checkpoint.store(true, Ordering::Relaxed);
+        let t0 = Instant::now();
+        tree.checkpoint().expect("checkpoint");
+        ckpt = t0.elapsed();
+        in_checkpoint.store(false, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            let (b, d, n) = h.join().expect("writer");
+            worst_before = worst_before.max(b);
+            worst_during = worst_during.max(d);
+            writes_during += n;
+        }
+    });
+    let after = tree.stats();
+    println!(
+        "checkpoint-pause records={records} checkpoint_ms={:.1} pages_written={} \
+         max_write_us_outside={:.0} max_write_us_during={:.0} writes_during={writes_during}",
+        ckpt.as_secs_f64() * 1e3,
+        after.pages_written - dirty_leaves.pages_written,
+        worst_before as f64 / 1e3,
+        worst_during as f64 / 1e3,
+    );
+    tree.close().expect("close");
+}
+
+/// The child of the recovery figure: a checkpointed empty tree, then `ops` logged inserts,
+/// flushed, then exit without closing (a crash as far as the log is concerned).
+fn recovery_child(dir: &Path, ops: u64) -> ! {
+    let tree = Tree::open(recovery_config(dir)).expect("child open");
+    for i in 0..ops {
+        tree.insert(key(i), value(i, 0, 16)).expect("child insert");
+    }
+    tree.flush().expect("child flush");
+    std::process::exit(0)
+}
+
+fn recovery_config(dir: &Path) -> Config {
+    Config::new(dir)
+        .cache_size(256 << 20)
+        .durability(Durability::Buffered)
+        .checkpoint_log_bytes(1 << 40)
+}
+
+/// Opens a directory whose log holds `ops` records after a crash; reports the open time.
+fn recovery(ops: u64) {
+    let dir = bench_dir("recovery");
+    let status = Command::new(std::env::current_exe().expect("exe"))
+        .arg(CHILD_ARG)
+        .arg(&dir)
+        .arg(ops.to_string())
+        .status()
+        .expect("spawn");
+    assert!(status.success(), "child failed: {status}");
+    let t0 = Instant::now();
+    let tree = Tree::open(recovery_config(&dir)).expect("recover");
+    let secs = t0.elapsed().as_secs_f64();
+    let replayed = tree.stats().replayed;
+    assert_eq!(replayed, ops, "replayed");
+    assert_eq!(
+        tree.get(key(ops - 1)).expect("get"),
+        Some(value(ops - 1, 0, 16))
+    );
+    println!(
+        "recovery ops={ops} replayed={replayed} open_s={secs:.3} records_per_s={:.0}",
+        replayed as f64 / secs
+    );
+    drop(tree);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(CHILD_ARG) {
+        let ops = args
+            .get(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1_000_000);
+        recovery_child(Path::new(&args[1]), ops);
+    }
+    let what = args.first().map_or("all", String::as_str);
+    if matches!(what, "sync" | "all") {
+        for threads in [1, 2, 4] {
+            sync_inserts(threads, 20_000);
+        }
+    }
+    if matches!(what, "ycsb" | "all") {
+        let (records, ops, threads) = (200_000, 2_000_000, 2);
+        let mut ratios = Vec::new();
+        for _ in 0..3 {
+            let none = ycsb_a(Durability::None, records, ops, threads);
+            let buffered = ycsb_a(Durability::Buffered, records, ops, threads);
+            ratios.push(buffered / none);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "ycsb-a buffered/none ratios {ratios:.3?} median {:.3}",
+            ratios[1]
+        );
+    }
+    if matches!(what, "pause" | "all") {
+        checkpoint_pause(2_000_000);
+    }
+    if matches!(what, "recovery" | "all") {
+        recovery(1_000_000);
+    }
+}

@@ -1,0 +1,187 @@
+//! The file layer under the log segments and the checkpoint file: [`LogFs`] and
+//! [`LogFile`], with [`StdFs`], the operating system's files, as the one production
+//! implementation. It exists so tests can cut power under the log (`MemFs`, an in-memory
+//! file system with a volatile cache) exactly where `tests/crash.rs` cannot: between a
+//! `pwrite` and its `fdatasync`. The methods are the system calls the log already made
+//! (`pread`, `pwrite`, `fdatasync`, `fsync`, `ftruncate`, `fallocate`, `rename`, `unlink`, a
+//! directory `fsync`), one dynamic call each, so the production path keeps its behaviour and
+//! its cost (a virtual call next to a system call).
+//!
+//! Errors are plain `io::Error`s: callers add the path, as they did with `std::fs`.
+
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::sync::Arc;
+
+/// One open file of the log directory.
+pub(crate) trait LogFile: Send + Sync + Debug {
+    /// Reads up to `buf.len()` bytes at `offset`; fewer only at the end of the file.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes all of `buf` at `offset` (reaches the OS, not yet stable storage).
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes the file's data (and its length) durable: `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Makes the file's data and metadata durable: `fsync`.
+    fn sync_all(&self) -> io::Result<()>;
+    /// Truncates or extends the file (with zeros) to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves blocks up to `len` bytes so later writes there need no size update; the
+    /// space reads as zeros.
+    fn preallocate(&self, len: u64) -> io::Result<()>;
+}
+
+/// The directory operations the log and checkpoints need.
+pub(crate) trait LogFs: Send + Sync + Debug {
+    /// Creates `dir` and its parents if absent.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// The names of the files in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Opens `path` for reading and writing; with `create`, creates it or empties it.
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn LogFile>>;
+    /// Removes the file `path`.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the entries of `dir` (created, removed, renamed files) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// Reads a whole file (the checkpoint), `NotFound` if it does not exist.
+pub(crate) fn read_all(fs: &dyn LogFs, path: &Path) -> io::Result<Vec<u8>> {
+    let file = fs.open(path, false)?;
+    let mut out = Vec::new();
+    Reader::new(file).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Sequential reads of a [`LogFile`] (for `BufReader`), from offset 0.
+#[derive(Debug)]
+pub(crate) struct Reader {
+    /// The file.
+    file: Arc<dyn LogFile>,
+    /// Offset of the next read.
+    pos: u64,
+}
+
+impl Reader {
+    /// A reader at the start of `file`.
+    pub(crate) fn new(file: Arc<dyn LogFile>) -> Reader {
+        Reader { file, pos: 0 }
+    }
+}
+
+impl Read for Reader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// The operating system's file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StdFs;
+
+/// A file of [`StdFs`].
+#[derive(Debug)]
+struct StdFile(File);
+
+impl LogFile for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    /// `fallocate`: appending into allocated blocks lets `fdatasync` skip the file-size
+    /// update (measured on this ext4 box, loaded: ~100 µs instead of ~165 µs per `pwrite` +
+    /// `fdatasync` of a 141-byte record).
+    fn preallocate(&self, len: u64) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::io::AsRawFd;
+            let len_off = libc::off_t::try_from(len)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by
+            // `self.0`, which outlives the call.
+            let rc = unsafe { libc::fallocate(self.0.as_raw_fd(), 0, 0, len_off) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(err);
+            }
+        }
+        // No fallocate on this file system: a sparse file also reads as zeros.
+        if self.0.metadata()?.len() < len {
+            self.0.set_len(len)?;
+        }
+        Ok(())
+    }
+}
+
+impl LogFs for StdFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            if let Ok(name) = entry?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn LogFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(create)
+            .open(path)?;
+        Ok(Arc::new(StdFile(file)))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir).and_then(|d| d.sync_all())
+    }
+}
