@@ -13,7 +13,7 @@
 //! node's low bound. Level-1 nodes store leaf page ids as 8-byte values; higher levels keep
 //! their children in `children`, parallel to the records.
 
-use crate::node::{self, NodeKind, NodeRef, Record, RecordKind};
+use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::PageId;
 use crate::sync::Arc;
 
@@ -280,6 +280,9 @@ pub(crate) fn replace_leaf(
         pid,
         "the structure changed under the structure lock"
     );
+    if let Some(root) = insert_in_parent(&path, &replacement, node_size) {
+        return Some(root);
+    }
     let steps: Vec<(&Inner, usize)> = path.steps().collect();
     // Each node's bounds, from the path above it, taken before anything is rebuilt.
     let bounds: Vec<Bounds> = (0..steps.len())
@@ -331,6 +334,74 @@ pub(crate) fn replace_leaf(
             .collect();
     }
     new_root(built_root, node_size)
+}
+
+/// The common case of a leaf split: the leaf's parent takes the new separators without
+/// overflowing. Its new version is built by copying its records straight across (no owned
+/// entries, no split planning), and every node above it is copied as bytes with one child
+/// pointer swapped. `None` when the general path is needed (removal, or a full parent).
+fn insert_in_parent(path: &Path<'_>, replacement: &[Entry], node_size: usize) -> Option<Inner> {
+    if replacement.is_empty() {
+        return None;
+    }
+    let steps: Vec<(&Inner, usize)> = path.steps().collect();
+    let depth = steps.len().checked_sub(1)?;
+    let (parent, at) = steps[depth];
+    let (low, high) = Path {
+        steps: path.steps,
+        len: depth,
+        leaf: 0,
+    }
+    .bounds();
+    let mut bytes = vec![0u8; node_size].into_boxed_slice();
+    let mut node = NodeMut::init(&mut bytes, NodeKind::Inner, low.as_deref(), high.as_deref());
+    let old = parent.node();
+    let mut key = Vec::new();
+    for j in 0..old.len() {
+        if j == 0 {
+            key.clear();
+            key.extend_from_slice(low.as_deref().unwrap_or_default());
+        } else {
+            old.key_into(j, &mut key);
+        }
+        if j != at {
+            node.push_sorted(&key, old.value(j), RecordKind::Insert)
+                .ok()?;
+            continue;
+        }
+        // The leaf keeps its key; its new siblings follow with theirs.
+        for (g, e) in replacement.iter().enumerate() {
+            let ChildRef::Leaf(pid) = e.child else {
+                return None;
+            };
+            let k = if g == 0 {
+                key.as_slice()
+            } else {
+                e.key.as_slice()
+            };
+            node.push_sorted(k, &u64::from(pid).to_le_bytes(), RecordKind::Insert)
+                .ok()?;
+        }
+    }
+    let mut child = Arc::new(Inner {
+        level: 1,
+        bytes,
+        children: Box::new([]),
+    });
+    for &(node, i) in steps[..depth].iter().rev() {
+        let mut children = node.children.clone();
+        children[i] = child;
+        child = Arc::new(Inner {
+            level: node.level,
+            bytes: node.bytes.clone(),
+            children,
+        });
+    }
+    Some(Arc::try_unwrap(child).unwrap_or_else(|shared| Inner {
+        level: shared.level,
+        bytes: shared.bytes.clone(),
+        children: shared.children.clone(),
+    }))
 }
 
 /// Makes the new root from the rebuilt old root level: one node becomes the root (shrinking

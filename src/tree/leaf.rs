@@ -387,7 +387,9 @@ impl Shared {
     /// Rewrites the mini-page without its clean records whose reference bit is clear,
     /// clearing the others' bits. False if it had none to drop or no memory was free.
     fn shed_cold<'p>(&'p self, page: &mut WriteGuard<'p>) -> bool {
-        let Some(bytes) = page.mini() else { return false };
+        let Some(bytes) = page.mini() else {
+            return false;
+        };
         let node = NodeRef::from_bytes(bytes);
         let cold = (0..node.len()).any(|i| !node.record_kind(i).is_dirty() && !node.ref_bit(i));
         if !cold {
