@@ -58,12 +58,12 @@ impl Shared {
     pub(super) fn checkpoint_leaf<'p>(
         &'p self,
         page: &mut WriteGuard<'p>,
-        smo: &MutexGuard<'_, ()>,
+        smo: Option<&MutexGuard<'_, ()>>,
     ) -> Attempt<()> {
         let Some(bytes) = page.mini() else {
             return Ok(Ok(()));
         };
-        let action = match self.write_back(page.page_id(), bytes, AfterWrite::Keep, Some(smo))? {
+        let action = match self.write_back(page.page_id(), bytes, AfterWrite::Keep, smo)? {
             Ok(a) => a,
             Err(r) => return Ok(Err(r)),
         };

@@ -366,17 +366,27 @@ impl Shared {
         // Every write below this LSN was applied before it was logged, so the leaves written
         // below hold it; replay after a crash starts here.
         let lsn = wal.next_lsn();
+        // First pass, without the structure lock: write back every buffered leaf while
+        // writers (splits included) go on. A leaf whose split finds the lock busy is left to
+        // the second pass.
+        for (pid, location) in self.pool.page_entries() {
+            if matches!(location, Location::Mini(_)) {
+                let mut page = self.pool.write(pid);
+                self.checkpoint_leaf(&mut page, None)?.ok();
+            }
+        }
         let snapshot = {
-            // Holding the structure lock freezes the set of leaves; writers that need a split
-            // retry until it is released. Leaf locks are taken while holding it: safe,
-            // because leaf-lock holders only ever try the structure lock.
+            // Second pass, holding the structure lock so the set of leaves stays fixed: only
+            // what was dirtied meanwhile is left to write, so writers that need a split wait
+            // briefly. Leaf locks are taken while holding it: safe, because leaf-lock holders
+            // only ever try the structure lock.
             let smo = self.lock_smo();
             for (pid, location) in self.pool.page_entries() {
                 if !matches!(location, Location::Mini(_)) {
                     continue;
                 }
                 let mut page = self.pool.write(pid);
-                match self.checkpoint_leaf(&mut page, &smo)? {
+                match self.checkpoint_leaf(&mut page, Some(&smo))? {
                     Ok(()) => {}
                     // Write-back under the structure lock allocates no memory and never waits.
                     Err(Restart::NeedSpace) | Err(Restart::Retry) => {
