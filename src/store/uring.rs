@@ -24,6 +24,9 @@ use io_uring::{opcode, squeue, types, IoUring};
 /// completion queue is twice as large, so it never overflows).
 const RING_ENTRIES: u32 = 256;
 
+/// Requests' worth of scratch space a ring keeps between batches.
+const SCRATCH_KEPT: usize = 4096;
+
 /// How many times in a row waiting for in-flight requests may fail (1 ms apart) before the
 /// process is stopped rather than release buffers the kernel may still write.
 const MAX_WAIT_FAILURES: u32 = 10_000;
@@ -168,7 +171,11 @@ pub(super) unsafe fn run<E>(
             });
         }
         // SAFETY: forwarded from this function's contract.
-        unsafe { drive(r, fd, dir, &mut check) }
+        let result = unsafe { drive(r, fd, dir, &mut check) };
+        // A rare huge batch should not pin its scratch space for the thread's lifetime.
+        r.ops.shrink_to(SCRATCH_KEPT);
+        r.retry.shrink_to(SCRATCH_KEPT);
+        result
     })
     .map_err(Failure::Io)?
 }
@@ -226,8 +233,17 @@ unsafe fn drive<E>(
         if inflight == 0 {
             break;
         }
-        // Wait for one completion only: each is checked while the others are in flight.
-        match r.ring.submit_and_wait(1) {
+        // A read waits for one completion, not all: each page is checked while the rest are
+        // in flight (where the device spreads its completions; some complete a batch at
+        // once). So does a write with requests left to submit, to refill freed slots; the
+        // last wave of a write has nothing to overlap, so it sleeps once.
+        let all_queued = next == n && r.retry.is_empty();
+        let want = if dir == Dir::Write && all_queued {
+            inflight
+        } else {
+            1
+        };
+        match r.ring.submit_and_wait(want) {
             Ok(_) => hard_failures = 0,
             Err(e) if e.raw_os_error().is_some_and(transient) => {}
             // io_uring_enter fails only when it took nothing from the queue and waited for

@@ -25,8 +25,15 @@ fn io_uring_maps_errors_and_zero_fills_past_the_end() {
         Ok(())
     };
     // SAFETY: `buf` outlives the call and is not touched during it; `file` is open.
-    unsafe { uring::run(file.as_raw_fd(), uring::Dir::Read, [Ok(req)].into_iter(), check) }
-        .unwrap();
+    unsafe {
+        uring::run(
+            file.as_raw_fd(),
+            uring::Dir::Read,
+            [Ok(req)].into_iter(),
+            check,
+        )
+    }
+    .unwrap();
     assert_eq!(checked, [(0, 8192, 0xAB, 0)]);
     assert!(buf[..6000].iter().all(|&b| b == 0xAB) && buf[6000..].iter().all(|&b| b == 0));
     // Writing through a read-only descriptor: the kernel's -EBADF comes back as an error.
@@ -37,7 +44,12 @@ fn io_uring_maps_errors_and_zero_fills_past_the_end() {
     };
     // SAFETY: as above.
     let r = unsafe {
-        uring::run(file.as_raw_fd(), uring::Dir::Write, [Ok::<_, ()>(req)].into_iter(), |_, _| Ok(()))
+        uring::run(
+            file.as_raw_fd(),
+            uring::Dir::Write,
+            [Ok::<_, ()>(req)].into_iter(),
+            |_, _| Ok(()),
+        )
     };
     match r {
         Err(uring::Failure::Io(e)) => assert_eq!(e.raw_os_error(), Some(libc::EBADF)),
@@ -75,8 +87,14 @@ fn io_uring_checks_each_completion_and_stops_at_the_first_failure() {
     };
     let mut seen = vec![false; n];
     let check = |i: usize, bytes: &[u8]| -> Result<(), usize> {
-        assert!(bytes.iter().all(|&b| b == i as u8), "request {i} checked before it arrived");
-        assert!(!std::mem::replace(&mut seen[i], true), "request {i} checked twice");
+        assert!(
+            bytes.iter().all(|&b| b == i as u8),
+            "request {i} checked before it arrived"
+        );
+        assert!(
+            !std::mem::replace(&mut seen[i], true),
+            "request {i} checked twice"
+        );
         Ok(())
     };
     let list = reqs(&mut bufs);
@@ -94,7 +112,14 @@ fn io_uring_checks_each_completion_and_stops_at_the_first_failure() {
     };
     let list = reqs(&mut bufs);
     // SAFETY: as above.
-    let r = unsafe { uring::run(file.as_raw_fd(), uring::Dir::Read, list.into_iter(), failing) };
+    let r = unsafe {
+        uring::run(
+            file.as_raw_fd(),
+            uring::Dir::Read,
+            list.into_iter(),
+            failing,
+        )
+    };
     assert!(matches!(r, Err(uring::Failure::Caller(300))), "{r:?}");
     assert!(calls <= n);
     // A bad request stops the batch before any I/O.
