@@ -18,6 +18,21 @@ pub(crate) trait Disk: Send + Sync + 'static {
     /// was never written fails checksum verification like any other damaged page).
     fn read_pages(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()>;
 
+    /// As [`Disk::read_pages`], then `check(i, &bufs[i])` for every request; returns the
+    /// first error. A medium that reads pages concurrently runs `check` on each page as soon
+    /// as it arrives, overlapping it with the I/O of the others.
+    fn read_pages_checked(
+        &self,
+        pages: &[PageNo],
+        bufs: &mut [PageBuf],
+        check: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.read_pages(pages, bufs)?;
+        bufs.iter()
+            .enumerate()
+            .try_for_each(|(i, buf)| check(i, buf))
+    }
+
     /// Writes every buffer, extending the medium if needed.
     fn write_pages(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()>;
 

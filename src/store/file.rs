@@ -144,7 +144,8 @@ impl FileDisk {
     }
 
     /// Runs a batch of `(page, buffer start, buffer length)` requests through this
-    /// thread's io_uring ring.
+    /// thread's io_uring ring, calling `check(i, bytes)` on each completed request (see
+    /// `uring::run`).
     ///
     /// # Safety
     /// Each pointer must be valid for its length (and writable for reads) and not otherwise
@@ -154,20 +155,22 @@ impl FileDisk {
         &self,
         dir: super::uring::Dir,
         reqs: impl Iterator<Item = (PageNo, *mut u8, usize)>,
+        check: impl FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
+        use super::uring::{self, Failure, Request};
         use std::os::fd::AsRawFd;
-        let mut ops = Vec::with_capacity(reqs.size_hint().0);
-        for (page, ptr, len) in reqs {
-            ops.push(super::uring::Op {
+        let reqs = reqs.map(|(page, ptr, len)| {
+            Ok(Request {
                 ptr,
                 len,
                 offset: self.offset(page, len)?,
-                done: 0,
-            });
-        }
+            })
+        });
         // SAFETY: the caller vouches for the buffers; `self.file` stays open for the call.
-        unsafe { super::uring::run(self.file.as_raw_fd(), dir, &mut ops) }
-            .map_err(|e| Error::io(&self.path, e))
+        unsafe { uring::run(self.file.as_raw_fd(), dir, reqs, check) }.map_err(|f| match f {
+            Failure::Io(e) => Error::io(&self.path, e),
+            Failure::Caller(e) => e,
+        })
     }
 }
 
@@ -177,12 +180,22 @@ impl Disk for FileDisk {
     }
 
     fn read_pages(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
+        self.read_pages_checked(pages, bufs, &mut |_, _| Ok(()))
+    }
+
+    fn read_pages_checked(
+        &self,
+        pages: &[PageNo],
+        bufs: &mut [PageBuf],
+        check: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         match self.backend {
             Backend::Pread => {
-                for (&page, buf) in pages.iter().zip(bufs.iter_mut()) {
+                for (i, (&page, buf)) in pages.iter().zip(bufs.iter_mut()).enumerate() {
                     let offset = self.offset(page, buf.len())?;
                     self.pread(offset, buf)
                         .map_err(|e| Error::io(&self.path, e))?;
+                    check(i, buf)?;
                 }
                 Ok(())
             }
@@ -192,8 +205,9 @@ impl Disk for FileDisk {
                     .iter()
                     .zip(bufs.iter_mut())
                     .map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
-                // SAFETY: `bufs` is mutably borrowed for the whole call.
-                unsafe { self.uring(super::uring::Dir::Read, reqs) }
+                // SAFETY: `bufs` is mutably borrowed for the whole call; `check` only sees a
+                // buffer once its request completed, through the slice `uring::run` passes.
+                unsafe { self.uring(super::uring::Dir::Read, reqs, check) }
             }
             #[cfg(not(target_os = "linux"))]
             Backend::IoUring => Err(Error::InvalidConfig {
@@ -221,7 +235,7 @@ impl Disk for FileDisk {
                     .map(|(&p, b)| (p, b.as_ptr().cast_mut(), b.len()));
                 // SAFETY: `bufs` is borrowed for the whole call, and a write request only
                 // reads through its pointer, so the shared borrow suffices.
-                unsafe { self.uring(super::uring::Dir::Write, reqs) }
+                unsafe { self.uring(super::uring::Dir::Write, reqs, |_, _| Ok(())) }
             }
             #[cfg(not(target_os = "linux"))]
             Backend::IoUring => Err(Error::InvalidConfig {

@@ -73,6 +73,8 @@ mod uring;
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_os = "linux"))]
+mod uring_tests;
 
 use crate::error::Result;
 

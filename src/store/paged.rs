@@ -181,13 +181,12 @@ impl<D: Disk> PagedStore<D> {
         Error::io(self.disk.path(), io::Error::from_raw_os_error(libc::EFBIG))
     }
 
-    /// Verifies every buffer read for `pages`.
-    #[allow(dead_code)] // used by unit tests and the internals harness
-    fn verify_all(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()> {
-        for (&p, buf) in pages.iter().zip(bufs) {
-            page::verify(p, Kind::Data, buf).map_err(|reason| self.corrupt(p, reason))?;
-        }
-        Ok(())
+    /// Verifies the data page `pages[i]`, read into `buf`.
+    fn verify(&self, pages: &[PageNo], i: usize, buf: &[u8]) -> Result<()> {
+        let p = pages.get(i).copied().ok_or(Error::InvalidConfig {
+            reason: "read_batch completion for a request it did not make",
+        })?;
+        page::verify(p, Kind::Data, buf).map_err(|reason| self.corrupt(p, reason))
     }
 }
 
@@ -220,9 +219,15 @@ impl<D: Disk> PageStore for PagedStore<D> {
         for (&p, buf) in pages.iter().zip(bufs.iter()) {
             self.check(p, buf.len())?;
         }
-        self.disk.read_pages(pages, bufs)?;
-        self.reads.fetch_add(pages.len() as u64, Ordering::Relaxed);
-        self.verify_all(pages, bufs)
+        // Each page is verified as soon as it arrives, while the rest are still in flight.
+        let result = self
+            .disk
+            .read_pages_checked(pages, bufs, &mut |i, buf| self.verify(pages, i, buf));
+        // Counted like `read`: pages that came off the medium, verified or not.
+        if !matches!(result, Err(Error::Io { .. })) {
+            self.reads.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        }
+        result
     }
 
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {

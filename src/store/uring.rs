@@ -1,6 +1,18 @@
 //! The io_uring I/O path: one ring per thread, created lazily and shared by every store the
 //! thread uses (the file descriptor travels with each request), so the I/O path takes no
 //! lock and two threads never share a ring or each other's completions.
+//!
+//! A batch keeps the ring full: every completion is handed to the caller's check (the
+//! store verifies the page checksum there) while the rest of the batch is still in flight,
+//! and its slot is refilled with the next request of a batch larger than the ring. The
+//! per-request state lives in the ring's scratch vectors, so a batch allocates nothing once
+//! the thread has run one as large.
+//!
+//! Registered (fixed) buffers and files are not used: the buffers belong to the callers
+//! (any `PageBuf`), so fixed buffers would cost a registration or a copy per batch, and a
+//! ring shared by every store of a thread cannot keep a registered file safely (a
+//! registration pins the file, and a closed descriptor's number is reused). The bench
+//! measures what they would buy at most (`bare_io_uring_fixed`); see docs/benchmarks.md.
 
 use std::cell::RefCell;
 use std::io;
@@ -8,16 +20,74 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-/// Submission queue entries per ring: requests in flight at once. A larger batch runs in
-/// waves of this many.
+/// Submission queue entries per ring, and the most requests a ring keeps in flight (the
+/// completion queue is twice as large, so it never overflows).
 const RING_ENTRIES: u32 = 256;
 
-/// A thread's ring and the next `user_data` it hands out.
+/// Requests' worth of scratch space a ring keeps between batches.
+const SCRATCH_KEPT: usize = 4096;
+
+/// How many times in a row waiting for in-flight requests may fail (1 ms apart) before the
+/// process is stopped rather than release buffers the kernel may still write.
+const MAX_WAIT_FAILURES: u32 = 10_000;
+
+/// One request: `len` bytes between `ptr` and file offset `offset`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Request {
+    /// Start of the buffer.
+    pub(super) ptr: *mut u8,
+    /// Bytes to transfer.
+    pub(super) len: usize,
+    /// File offset of the first byte.
+    pub(super) offset: u64,
+}
+
+/// A request of the running batch and how far it got.
+#[derive(Debug)]
+struct Op {
+    /// What to transfer.
+    req: Request,
+    /// Bytes transferred so far (a short transfer is resubmitted for the rest).
+    done: usize,
+}
+
+/// A thread's ring, the next `user_data` it hands out, and the scratch space of a batch.
 struct Ring {
     /// The ring itself.
     ring: IoUring,
     /// Request ids are unique per ring: a batch of n takes n consecutive ids.
     next_id: u64,
+    /// Set when the ring must never be used again (a failed submission may have left
+    /// entries in the queue); `with_ring` drops it.
+    broken: bool,
+    /// The running batch's requests (kept between batches for its capacity).
+    ops: Vec<Op>,
+    /// Indices of requests to submit again (a transient error or a short transfer).
+    retry: Vec<usize>,
+}
+
+impl Ring {
+    /// A new ring. `SINGLE_ISSUER | DEFER_TASKRUN` (Linux 6.1+) lets the kernel post
+    /// completions only when this thread waits for them, instead of interrupting it for
+    /// each; the ring is only ever used by the thread that created it, as those flags need.
+    /// Older kernels refuse the flags, and then a plain ring is used.
+    fn new() -> io::Result<Ring> {
+        let ring = match IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(RING_ENTRIES)
+        {
+            Ok(ring) => ring,
+            Err(_) => IoUring::new(RING_ENTRIES)?,
+        };
+        Ok(Ring {
+            ring,
+            next_id: 0,
+            broken: false,
+            ops: Vec::new(),
+            retry: Vec::new(),
+        })
+    }
 }
 
 thread_local! {
@@ -34,46 +104,36 @@ pub(super) enum Dir {
     Write,
 }
 
-/// One request of a batch: `len` bytes between `ptr` and file offset `offset`, of which
-/// `done` are transferred.
+/// Why a batch failed.
 #[derive(Debug)]
-pub(super) struct Op {
-    /// Start of the buffer.
-    pub(super) ptr: *mut u8,
-    /// Bytes to transfer.
-    pub(super) len: usize,
-    /// File offset of the first byte.
-    pub(super) offset: u64,
-    /// Bytes transferred so far (a short transfer is resubmitted for the rest).
-    pub(super) done: usize,
+pub(super) enum Failure<E> {
+    /// An I/O error (from the kernel or from setting up the ring).
+    Io(io::Error),
+    /// The error the caller's check or request list returned.
+    Caller(E),
 }
 
 /// Creates this thread's ring if needed, so a store can refuse to open where io_uring is
 /// unavailable (old kernel, seccomp, `io_uring_disabled`).
 pub(super) fn probe() -> io::Result<()> {
-    with_ring(|_| Ok(()))
+    with_ring(|_| ())
 }
 
 /// Runs `f` with this thread's ring.
-fn with_ring<R>(f: impl FnOnce(&mut Ring) -> io::Result<R>) -> io::Result<R> {
+fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> io::Result<R> {
     RING.try_with(|cell| {
         let mut slot = cell
             .try_borrow_mut()
             .map_err(|_| io::Error::other("this thread's io_uring ring is already in use"))?;
         let ring = match slot.as_mut() {
             Some(ring) => ring,
-            None => slot.insert(Ring {
-                ring: IoUring::new(RING_ENTRIES)?,
-                next_id: 0,
-            }),
+            None => slot.insert(Ring::new()?),
         };
         let result = f(ring);
-        if matches!(&result, Err(e) if e.kind() == io::ErrorKind::BrokenPipe) {
-            // `submit` failed hard: unsubmitted entries may linger in the queue, so the
-            // ring must never be used again.
+        if ring.broken {
             *slot = None;
         }
-        result
+        Ok(result)
     })
     .map_err(|_| io::Error::other("io_uring used during thread teardown"))?
 }
@@ -83,89 +143,173 @@ fn transient(errno: i32) -> bool {
     errno == libc::EINTR || errno == libc::EAGAIN || errno == libc::EBUSY
 }
 
-/// Performs every op on `fd` and returns once none is in flight. Reads past the end of the
-/// file fill the rest of the buffer with zeros. Returns the first error.
+/// Performs every request of `reqs` on `fd` and returns once none is in flight. Reads past
+/// the end of the file fill the rest of the buffer with zeros. As soon as request `i` has
+/// transferred all its bytes, `check(i, bytes)` runs on its buffer while later requests are
+/// still in flight. Returns the first error (of `reqs`, of the kernel or of `check`); after
+/// an error nothing more is submitted, and `check` is not called again.
+///
+/// `reqs` is consumed before anything is submitted, so an error in it means no I/O was done.
 ///
 /// # Safety
-/// Every `ops[i].ptr` must be valid for `ops[i].len` bytes of reads and (for `Dir::Read`)
-/// writes, and not otherwise accessed, until this returns; `fd` must stay open until then.
-pub(super) unsafe fn run(fd: RawFd, dir: Dir, ops: &mut [Op]) -> io::Result<()> {
+/// Every request's `ptr` must be valid for `len` bytes of reads and (for `Dir::Read`)
+/// writes, and not otherwise accessed, until this returns (except through the slice passed
+/// to `check`); `fd` must stay open until then.
+pub(super) unsafe fn run<E>(
+    fd: RawFd,
+    dir: Dir,
+    reqs: impl Iterator<Item = Result<Request, E>>,
+    mut check: impl FnMut(usize, &[u8]) -> Result<(), E>,
+) -> Result<(), Failure<E>> {
     with_ring(|r| {
-        let base = r.next_id;
-        r.next_id = r.next_id.wrapping_add(ops.len() as u64);
-        let mut pending: Vec<usize> = (0..ops.len()).rev().collect();
-        let mut inflight = 0usize;
-        let mut first_err: Option<io::Error> = None;
-        loop {
-            let mut sq = r.ring.submission();
-            while first_err.is_none() && !sq.is_full() {
-                let Some(i) = pending.pop() else { break };
-                let op = &ops[i];
-                // SAFETY: `done < len`, so the pointer stays inside the caller's buffer.
-                let ptr = unsafe { op.ptr.add(op.done) };
-                let len = (op.len - op.done) as u32;
-                let offset = op.offset + op.done as u64;
-                let entry: squeue::Entry = match dir {
-                    Dir::Read => opcode::Read::new(types::Fd(fd), ptr, len)
-                        .offset(offset)
-                        .build(),
-                    Dir::Write => opcode::Write::new(types::Fd(fd), ptr, len)
-                        .offset(offset)
-                        .build(),
-                };
-                // SAFETY: the buffer and fd outlive the request: this function does not
-                // return while `inflight > 0` (the caller's contract covers the rest).
-                if unsafe { sq.push(&entry.user_data(base.wrapping_add(i as u64))) }.is_err() {
-                    pending.push(i);
-                    break;
+        r.ops.clear();
+        r.retry.clear();
+        for req in reqs {
+            r.ops.push(Op {
+                req: req.map_err(Failure::Caller)?,
+                done: 0,
+            });
+        }
+        // SAFETY: forwarded from this function's contract.
+        let result = unsafe { drive(r, fd, dir, &mut check) };
+        // A rare huge batch should not pin its scratch space for the thread's lifetime.
+        r.ops.shrink_to(SCRATCH_KEPT);
+        r.retry.shrink_to(SCRATCH_KEPT);
+        result
+    })
+    .map_err(Failure::Io)?
+}
+
+/// Runs the batch in `r.ops` (see [`run`]).
+///
+/// # Safety
+/// As for [`run`], for every request in `r.ops`.
+unsafe fn drive<E>(
+    r: &mut Ring,
+    fd: RawFd,
+    dir: Dir,
+    check: &mut impl FnMut(usize, &[u8]) -> Result<(), E>,
+) -> Result<(), Failure<E>> {
+    let n = r.ops.len();
+    let base = r.next_id;
+    r.next_id = r.next_id.wrapping_add(n as u64);
+    let mut next = 0usize;
+    let mut inflight = 0usize;
+    let mut first_err: Option<Failure<E>> = None;
+    let mut hard_failures = 0u32;
+    loop {
+        let mut sq = r.ring.submission();
+        while first_err.is_none() && !sq.is_full() && inflight < RING_ENTRIES as usize {
+            let i = match r.retry.pop() {
+                Some(i) => i,
+                None if next < n => {
+                    next += 1;
+                    next - 1
                 }
-                inflight += 1;
-            }
-            drop(sq);
-            if inflight == 0 {
+                None => break,
+            };
+            let op = &r.ops[i];
+            // SAFETY: `done < len`, so the pointer stays inside the caller's buffer.
+            let ptr = unsafe { op.req.ptr.add(op.done) };
+            let len = (op.req.len - op.done) as u32;
+            let offset = op.req.offset + op.done as u64;
+            let entry: squeue::Entry = match dir {
+                Dir::Read => opcode::Read::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build(),
+                Dir::Write => opcode::Write::new(types::Fd(fd), ptr, len)
+                    .offset(offset)
+                    .build(),
+            };
+            // SAFETY: the buffer and fd outlive the request: this function does not return
+            // while `inflight > 0` (the caller's contract covers the rest).
+            if unsafe { sq.push(&entry.user_data(base.wrapping_add(i as u64))) }.is_err() {
+                r.retry.push(i);
                 break;
             }
-            match r.ring.submit_and_wait(inflight) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error().is_some_and(transient) => {}
-                // io_uring_enter fails only when it accepted nothing and waited for nothing,
-                // so nothing of this batch is in flight; the ring is discarded (BrokenPipe).
-                Err(e) => return Err(io::Error::new(io::ErrorKind::BrokenPipe, e)),
+            inflight += 1;
+        }
+        drop(sq);
+        if inflight == 0 {
+            break;
+        }
+        // A read waits for one completion, not all: each page is checked while the rest are
+        // in flight (where the device spreads its completions; some complete a batch at
+        // once). So does a write with requests left to submit, to refill freed slots; the
+        // last wave of a write has nothing to overlap, so it sleeps once.
+        let all_queued = next == n && r.retry.is_empty();
+        let want = if dir == Dir::Write && all_queued {
+            inflight
+        } else {
+            1
+        };
+        match r.ring.submit_and_wait(want) {
+            Ok(_) => hard_failures = 0,
+            Err(e) if e.raw_os_error().is_some_and(transient) => {}
+            // io_uring_enter fails only when it took nothing from the queue and waited for
+            // nothing. Entries still queued will never reach the kernel (the ring is
+            // discarded), so only the others are in flight, and their buffers cannot be
+            // released before they complete: keep waiting for them.
+            Err(e) => {
+                r.broken = true;
+                first_err.get_or_insert(Failure::Io(e));
+                if inflight == r.ring.submission().len() {
+                    break;
+                }
+                hard_failures += 1;
+                if hard_failures > MAX_WAIT_FAILURES {
+                    // Returning would hand buffers the kernel may still write to back to
+                    // the caller; stopping the process is the only sound way out.
+                    eprintln!("bfkv: cannot wait for in-flight io_uring requests; aborting");
+                    std::process::abort();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            for cqe in r.ring.completion() {
-                let i = cqe.user_data().wrapping_sub(base) as usize;
-                let Some(op) = ops.get_mut(i) else {
-                    debug_assert!(false, "completion for a request of another batch");
+        }
+        for cqe in r.ring.completion() {
+            let i = cqe.user_data().wrapping_sub(base) as usize;
+            let Some(op) = r.ops.get_mut(i) else {
+                debug_assert!(false, "completion for a request of another batch");
+                continue;
+            };
+            inflight -= 1;
+            let res = cqe.result();
+            if res < 0 {
+                if transient(-res) {
+                    r.retry.push(i);
+                } else if first_err.is_none() {
+                    first_err = Some(Failure::Io(io::Error::from_raw_os_error(-res)));
+                }
+                continue;
+            }
+            if res == 0 {
+                if dir == Dir::Write {
+                    first_err.get_or_insert_with(|| Failure::Io(io::ErrorKind::WriteZero.into()));
                     continue;
-                };
-                inflight -= 1;
-                let res = cqe.result();
-                if res < 0 {
-                    if transient(-res) {
-                        pending.push(i);
-                    } else if first_err.is_none() {
-                        first_err = Some(io::Error::from_raw_os_error(-res));
-                    }
-                } else if res == 0 {
-                    if dir == Dir::Write {
-                        first_err.get_or_insert_with(|| io::ErrorKind::WriteZero.into());
-                    } else {
-                        // End of file: the rest of the page was never written.
-                        // SAFETY: `done < len`; the range lies inside the caller's buffer.
-                        unsafe { op.ptr.add(op.done).write_bytes(0, op.len - op.done) };
-                        op.done = op.len;
-                    }
-                } else {
-                    op.done += res as usize;
-                    if op.done < op.len {
-                        pending.push(i);
-                    }
+                }
+                // End of file: the rest of the page was never written.
+                // SAFETY: `done < len`; the range lies inside the caller's buffer.
+                unsafe { op.req.ptr.add(op.done).write_bytes(0, op.req.len - op.done) };
+                op.done = op.req.len;
+            } else {
+                op.done += res as usize;
+                if op.done < op.req.len {
+                    r.retry.push(i);
+                    continue;
+                }
+            }
+            if first_err.is_none() {
+                // SAFETY: the request is complete, so the kernel no longer touches the
+                // buffer, and the caller lets nothing else access it during the batch.
+                let bytes = unsafe { std::slice::from_raw_parts(op.req.ptr, op.req.len) };
+                if let Err(e) = check(i, bytes) {
+                    first_err = Some(Failure::Caller(e));
                 }
             }
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    })
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
