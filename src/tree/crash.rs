@@ -211,7 +211,8 @@ fn check_recovery(
         got == expected || got == with_inflight,
         "{what}: {acked} acknowledged ops (next {:?}), tree has {} keys, model {}; \
          first difference at {:?}",
-        ops.get(acked).map(|op| op.key().map(String::from_utf8_lossy)),
+        ops.get(acked)
+            .map(|op| op.key().map(String::from_utf8_lossy)),
         got.len(),
         expected.len(),
         got.iter()

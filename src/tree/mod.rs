@@ -15,7 +15,7 @@
 //!   locks, evicts one block, and restarts.
 
 mod background;
-#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+#[cfg(any(test, feature = "internals"))]
 mod check;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod crash;

@@ -21,7 +21,8 @@ const CHECKPOINT_EVERY: u32 = 400;
 const GET_STRIDE: usize = 17;
 
 /// The fixed workload: a cheap deterministic generator, mostly inserts, a quarter removes,
-/// a checkpoint before every `CHECKPOINT_EVERY`-th of them.
+/// an eighth preceded by a lookup of their key, a checkpoint before every
+/// `CHECKPOINT_EVERY`-th of them.
 fn workload() -> Vec<CrashOp> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
@@ -37,6 +38,10 @@ fn workload() -> Vec<CrashOp> {
         }
         let r = next();
         let key = format!("key-{:05}", r % u64::from(KEYS)).into_bytes();
+        if r >> 50 & 7 == 0 {
+            // A lookup of a key that may be present or removed, checked against the model.
+            ops.push(CrashOp::Get(key.clone()));
+        }
         ops.push(if seq > 300 && r >> 40 & 3 == 0 {
             CrashOp::Remove(key)
         } else {
