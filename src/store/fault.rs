@@ -211,6 +211,7 @@ impl FaultStore {
     }
 
     /// Why this store's disk image could not be opened, if it could not.
+    #[cfg(test)]
     pub(crate) fn open_error(&self) -> Option<Error> {
         self.store
             .as_ref()
@@ -219,12 +220,14 @@ impl FaultStore {
     }
 
     /// The `n`-th page write from now (1 = the next) fails with EIO, once.
+    #[cfg(test)]
     pub(crate) fn fail_nth_write(&self, n: u64) {
         let mut state = self.disk.state.lock();
         state.fail_write_at = Some(state.writes + n.max(1));
     }
 
     /// The `n`-th flush from now (1 = the next) fails with EIO, once.
+    #[cfg(test)]
     pub(crate) fn fail_nth_sync(&self, n: u64) {
         let mut state = self.disk.state.lock();
         state.fail_sync_at = Some(state.syncs + n.max(1));
@@ -243,6 +246,7 @@ impl FaultStore {
     }
 
     /// The next read of `page` returns it with bit `bit` (modulo the page's bits) flipped.
+    #[cfg(test)]
     pub(crate) fn flip_bit_on_read(&self, page: PageNo, bit: usize) {
         self.disk.state.lock().flips.insert(page, bit);
     }
@@ -254,6 +258,7 @@ impl FaultStore {
 
     /// Changes the bytes of `page` as reads see them, bypassing checksums; the change is
     /// durable if the page is (corruption tests).
+    #[cfg(test)]
     pub(crate) fn modify_page(&self, page: PageNo, f: impl FnOnce(&mut [u8])) {
         let size = self.disk.page_size;
         let offset = page * size as u64;

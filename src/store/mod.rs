@@ -60,7 +60,7 @@
 mod alloc;
 mod buf;
 mod disk;
-#[cfg(test)]
+#[cfg(any(test, feature = "internals"))]
 mod fault;
 mod file;
 #[cfg(test)]
@@ -79,7 +79,7 @@ mod uring_tests;
 use crate::error::Result;
 
 pub(crate) use buf::PageBuf;
-#[cfg(test)]
+#[cfg(any(test, feature = "internals"))]
 pub(crate) use fault::FaultStore;
 pub(crate) use file::{Backend, FileStore};
 #[cfg(test)]

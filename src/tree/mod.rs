@@ -15,8 +15,10 @@
 //!   locks, evicts one block, and restarts.
 
 mod background;
-#[cfg(test)]
+#[cfg(any(test, feature = "internals"))]
 mod check;
+#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+pub(crate) mod crash;
 mod evict;
 mod inner;
 mod leaf;

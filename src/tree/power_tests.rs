@@ -6,19 +6,10 @@
 //! data-page write (another), for every N over the whole run, torn writes on odd N. After
 //! each cut the tree is reopened from the two crash images; it must equal a `BTreeMap` replay
 //! of every acknowledged operation, plus possibly the one in flight, and pass its structure
-//! check.
+//! check. The scenario itself (run, reopen, compare) is `crash.rs`, shared with the fuzz
+//! target `crash_recovery`.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use super::{background, persist, Tree};
-use crate::config::Config;
-use crate::error::Result;
-use crate::store::{FaultStore, PageStore};
-use crate::sync::Arc;
-use crate::wal::memfs::MemFs;
-use crate::wal::vfs::LogFs;
-use crate::Durability;
+use super::crash::{scenario, CrashCut, CrashOp};
 
 /// Operations per run.
 const OPS: u32 = 2400;
@@ -26,16 +17,13 @@ const OPS: u32 = 2400;
 const KEYS: u32 = 1500;
 /// Operations between explicit checkpoints.
 const CHECKPOINT_EVERY: u32 = 400;
+/// Point lookups after a reopen check every this many keys (the scan checks them all).
+const GET_STRIDE: usize = 17;
 
-/// One operation of the workload.
-#[derive(Clone, Debug)]
-enum Op {
-    Insert(Vec<u8>, Vec<u8>),
-    Remove(Vec<u8>),
-}
-
-/// The fixed workload: a cheap deterministic generator, mostly inserts, a quarter removes.
-fn workload() -> Vec<Op> {
+/// The fixed workload: a cheap deterministic generator, mostly inserts, a quarter removes,
+/// an eighth preceded by a lookup of their key, a checkpoint before every
+/// `CHECKPOINT_EVERY`-th of them.
+fn workload() -> Vec<CrashOp> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
         x ^= x << 13;
@@ -43,135 +31,27 @@ fn workload() -> Vec<Op> {
         x ^= x << 17;
         x
     };
-    (0..OPS)
-        .map(|seq| {
-            let r = next();
-            let key = format!("key-{:05}", r % u64::from(KEYS)).into_bytes();
-            if seq > 300 && r >> 40 & 3 == 0 {
-                Op::Remove(key)
-            } else {
-                let len = 20 + (r >> 20) as usize % 120;
-                let mut v = format!("v{seq}-").into_bytes();
-                v.resize(len, b'x');
-                Op::Insert(key, v)
-            }
-        })
-        .collect()
-}
-
-fn config() -> Config {
-    Config::new("/powercut")
-        .cache_size(64 << 10)
-        .durability(Durability::Sync)
-        .log_segment_size(8 << 10)
-        .evictor_threads(0)
-}
-
-/// Opens a tree over the given store and file system (no directory lock: nothing on disk).
-fn open(store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
-    let dir = Path::new("/powercut");
-    let store: Arc<dyn PageStore> = store;
-    let fs: Arc<dyn LogFs> = fs;
-    let shared = std::sync::Arc::new(persist::open_on(
-        config(),
-        dir,
-        store,
-        PathBuf::from("/powercut/data"),
-        fs,
-        None,
-    )?);
-    Ok(Tree {
-        background: background::Background::start(&shared, 0),
-        shared,
-    })
-}
-
-/// What a run did before the power went: how many operations were acknowledged.
-struct Run {
-    acked: usize,
-}
-
-/// Runs the workload until the first error (the power cut) and returns how far it got.
-fn run(ops: &[Op], store: &Arc<FaultStore>, fs: &Arc<MemFs>) -> Run {
-    let Ok(tree) = open(store.clone(), fs.clone()) else {
-        return Run { acked: 0 };
-    };
-    let mut acked = 0;
-    for (i, op) in ops.iter().enumerate() {
-        if i > 0 && i as u32 % CHECKPOINT_EVERY == 0 && tree.checkpoint().is_err() {
-            break;
+    let mut ops = Vec::new();
+    for seq in 0..OPS {
+        if seq > 0 && seq % CHECKPOINT_EVERY == 0 {
+            ops.push(CrashOp::Checkpoint);
         }
-        let res = match op {
-            Op::Insert(k, v) => tree.insert(k, v),
-            Op::Remove(k) => tree.remove(k),
-        };
-        if res.is_err() {
-            break;
+        let r = next();
+        let key = format!("key-{:05}", r % u64::from(KEYS)).into_bytes();
+        if r >> 50 & 7 == 0 {
+            // A lookup of a key that may be present or removed, checked against the model.
+            ops.push(CrashOp::Get(key.clone()));
         }
-        acked = i + 1;
+        ops.push(if seq > 300 && r >> 40 & 3 == 0 {
+            CrashOp::Remove(key)
+        } else {
+            let len = 20 + (r >> 20) as usize % 120;
+            let mut v = format!("v{seq}-").into_bytes();
+            v.resize(len, b'x');
+            CrashOp::Insert(key, v)
+        });
     }
-    // Dropping closes (a checkpoint) on the dead disks: errors are ignored, nothing panics.
-    drop(tree);
-    Run { acked }
-}
-
-fn model(ops: &[Op]) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let mut m = BTreeMap::new();
-    for op in ops {
-        match op {
-            Op::Insert(k, v) => m.insert(k.clone(), v.clone()),
-            Op::Remove(k) => m.remove(k),
-        };
-    }
-    m
-}
-
-/// Reopens from the crash images and compares with the acknowledged prefix (or that plus
-/// the operation in flight).
-fn check_recovery(ops: &[Op], run: &Run, store: &FaultStore, fs: &MemFs, what: &str) {
-    let tree = open(Arc::new(store.crash_image()), Arc::new(fs.crash_image()))
-        .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
-    tree.shared
-        .check_structure()
-        .unwrap_or_else(|e| panic!("{what}: structure: {e}"));
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = tree
-        .iter()
-        .collect::<Result<_>>()
-        .unwrap_or_else(|e| panic!("{what}: scan failed: {e}"));
-    let acked = model(&ops[..run.acked]);
-    if got != acked {
-        let with_inflight = model(&ops[..(run.acked + 1).min(ops.len())]);
-        assert!(
-            got == with_inflight,
-            "{what}: {} acknowledged ops, tree has {} keys, model {}",
-            run.acked,
-            got.len(),
-            acked.len()
-        );
-    }
-    for (k, v) in acked.iter().step_by(17) {
-        if run.acked < ops.len() && ops[run.acked].key() == k.as_slice() {
-            continue;
-        }
-        assert_eq!(tree.get(k).ok().flatten().as_ref(), Some(v), "{what}: get");
-    }
-    drop(tree);
-}
-
-impl Op {
-    fn key(&self) -> &[u8] {
-        match self {
-            Op::Insert(k, _) | Op::Remove(k) => k,
-        }
-    }
-}
-
-/// Fresh linked disks.
-fn disks() -> (Arc<FaultStore>, Arc<MemFs>) {
-    let store = Arc::new(FaultStore::new(4096));
-    let fs = Arc::new(MemFs::new());
-    fs.link(store.clone());
-    (store, fs)
+    ops
 }
 
 /// Every N up to `total`, or every `total / limit`-th if `BFKV_POWER_SAMPLE` asks for fewer.
@@ -187,21 +67,18 @@ fn cuts(total: u64) -> impl Iterator<Item = u64> {
 #[test]
 fn power_cut_at_every_log_call_loses_nothing_acknowledged() {
     let ops = workload();
-    let (store, fs) = disks();
-    let full = run(&ops, &store, &fs);
+    let full = scenario(&ops, CrashCut::None, GET_STRIDE, "no cut");
     assert_eq!(full.acked, ops.len());
-    let total = fs.ops();
+    let total = full.log_calls;
     let mut runs = 0;
     for n in cuts(total) {
-        let (store, fs) = disks();
-        fs.power_cut_at(n, n % 2 == 1);
-        let r = run(&ops, &store, &fs);
-        assert_eq!(
-            fs.is_powered_off(),
-            n <= total,
-            "log cut at call {n} did not happen"
-        );
-        check_recovery(&ops, &r, &store, &fs, &format!("log cut at call {n}"));
+        let what = format!("log cut at call {n}");
+        let cut = CrashCut::Log {
+            at: n,
+            torn: n % 2 == 1,
+        };
+        let r = scenario(&ops, cut, GET_STRIDE, &what);
+        assert_eq!(r.cut_fired, n <= total, "{what} did not happen");
         runs += 1;
     }
     eprintln!("log sweep: {runs} cuts over {total} file-system calls");
@@ -210,19 +87,18 @@ fn power_cut_at_every_log_call_loses_nothing_acknowledged() {
 #[test]
 fn power_cut_at_every_data_write_loses_nothing_acknowledged() {
     let ops = workload();
-    let (store, fs) = disks();
-    run(&ops, &store, &fs);
-    let total = store.disk_writes();
+    let total = scenario(&ops, CrashCut::None, GET_STRIDE, "no cut").data_writes;
     assert!(total > 50, "only {total} data-page writes");
     let (mut runs, mut fired) = (0, 0);
     for n in cuts(total) {
-        let (store, fs) = disks();
-        store.power_cut_at_write(n, n % 2 == 1);
-        let r = run(&ops, &store, &fs);
+        let what = format!("data cut at write {n}");
+        let cut = CrashCut::Data {
+            at: n,
+            torn: n % 2 == 1,
+        };
         // The close at the end writes a varying number of pages: the last few N may not
         // be reached.
-        fired += u64::from(store.is_powered_off());
-        check_recovery(&ops, &r, &store, &fs, &format!("data cut at write {n}"));
+        fired += u64::from(scenario(&ops, cut, GET_STRIDE, &what).cut_fired);
         runs += 1;
     }
     eprintln!("data sweep: {runs} cuts over {total} page writes, {fired} fired");

@@ -63,7 +63,7 @@ mod format;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 mod fuzz;
 mod log;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod memfs;
 mod segment;
 pub(crate) mod vfs;
