@@ -133,7 +133,7 @@ impl Wal {
             writer: Mutex::new(Writer {
                 segments: rec.segments,
                 window: None,
-                mappable: true,
+                mappable: config.durability == Durability::Buffered,
                 file: rec.file,
                 segment_size: rec.segment_size,
                 offset: rec.offset,
@@ -261,7 +261,7 @@ impl Wal {
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, lsn, s.config.segment_size)?;
         w.segments.push(seg);
         w.window = None;
-        w.mappable = true;
+        w.mappable = s.config.durability == Durability::Buffered;
         w.file = file;
         w.segment_size = s.config.segment_size;
         w.offset = HEADER_SIZE;

@@ -25,7 +25,7 @@
 //! done, those it covered return at once, and one of the rest leads the next round for
 //! everything appended meanwhile. `Buffered` commits take only the writer lock (a copy into
 //! the mapped segment, or a `pwrite` where the file layer cannot map it), so they never
-//! wait for a sync. `fdatasync` writes back a shared mapping's dirty pages like any others.
+//! wait for a sync. (`Sync` keeps `pwrite`: see `Writer::mappable`.) `fdatasync` writes back a shared mapping's dirty pages like any others.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its

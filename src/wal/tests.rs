@@ -587,4 +587,12 @@ fn real_segments_are_written_through_a_mapping() {
     drop(wal);
     let wal = Wal::open(dir.path(), config(4 << 20, Durability::Buffered)).expect("reopen");
     expect_replay(&wal, 0, &lsns, &recs);
+    drop(wal);
+
+    // `Sync` writes with `pwrite`: no mapping.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    write_all(&wal, &recs[..10]);
+    let active = segment_paths(dir.path()).pop().expect("segment");
+    assert!(!is_mapped(&active), "a Sync segment is mapped");
 }
