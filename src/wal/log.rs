@@ -59,7 +59,7 @@ pub(super) struct Shared {
     torn_tail: Option<&'static str>,
     /// Asks the flusher to stop.
     stop: AtomicBool,
-    /// `pwrite` calls.
+    /// Writes to the OS (`pwrite` calls or copies into a mapped segment).
     pub(super) writes: AtomicU64,
     /// `fdatasync` calls.
     pub(super) syncs: AtomicU64,
@@ -132,6 +132,8 @@ impl Wal {
             }),
             writer: Mutex::new(Writer {
                 segments: rec.segments,
+                window: None,
+                mappable: config.durability == Durability::Buffered,
                 file: rec.file,
                 segment_size: rec.segment_size,
                 offset: rec.offset,
@@ -258,6 +260,8 @@ impl Wal {
         }
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, lsn, s.config.segment_size)?;
         w.segments.push(seg);
+        w.window = None;
+        w.mappable = s.config.durability == Durability::Buffered;
         w.file = file;
         w.segment_size = s.config.segment_size;
         w.offset = HEADER_SIZE;

@@ -23,8 +23,9 @@
 //! `pwrite` and issues one `fdatasync` covering every record appended so far, holding no
 //! lock appends need. The other committers park; the leader wakes them all when its sync is
 //! done, those it covered return at once, and one of the rest leads the next round for
-//! everything appended meanwhile. `Buffered` commits take only the writer lock (a `pwrite`),
-//! so they never wait for a sync.
+//! everything appended meanwhile. `Buffered` commits take only the writer lock (a copy into
+//! the mapped segment, or a `pwrite` where the file layer cannot map it), so they never
+//! wait for a sync. (`Sync` keeps `pwrite`: see `Writer::mappable`.) `fdatasync` writes back a shared mapping's dirty pages like any others.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its
@@ -128,7 +129,8 @@ pub(crate) struct WalStats {
     pub(crate) appends: u64,
     /// Bytes of records appended.
     pub(crate) bytes: u64,
-    /// `pwrite` calls.
+    /// Writes of buffered records to the OS: `pwrite` calls, or copies into a mapped
+    /// segment.
     pub(crate) writes: u64,
     /// `fdatasync` calls (commits, flushes, background syncs and segment switches).
     pub(crate) syncs: u64,

@@ -540,3 +540,59 @@ fn fuzz_check_accepts_sample_inputs() {
     data.truncate(data.len() / 3);
     super::fuzz::decode_check(&data);
 }
+
+/// Whether this process maps `path` (a line of `/proc/self/maps` ends with it).
+fn is_mapped(path: &Path) -> bool {
+    let maps = fs::read_to_string("/proc/self/maps").expect("maps");
+    let path = path.to_str().expect("utf-8 path");
+    maps.lines().any(|l| l.ends_with(path))
+}
+
+#[test]
+fn real_segments_are_written_through_a_mapping() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(4096, Durability::Buffered)).expect("open");
+    let first = segment_paths(dir.path()).pop().expect("segment");
+    // The mapping comes with the first write.
+    let recs = random_records(11, 200, 60);
+    let mut lsns = write_all(&wal, &recs[..1]);
+    assert!(is_mapped(&first), "the active segment is not mapped");
+    // Enough records for several segment switches: each new segment is mapped in turn and
+    // the full ones are unmapped, and what went through the mappings reads back in order.
+    lsns.extend(write_all(&wal, &recs[1..]));
+    let paths = segment_paths(dir.path());
+    assert!(paths.len() > 2, "only {} segments", paths.len());
+    let (active, full) = paths.split_last().expect("segments");
+    assert!(is_mapped(active), "the new active segment is not mapped");
+    assert!(
+        !full.iter().any(|p| is_mapped(p)),
+        "a full segment stays mapped"
+    );
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(4096, Durability::Buffered)).expect("reopen");
+    expect_replay(&wal, 0, &lsns, &recs);
+
+    // A segment larger than a mapping window: records land on both sides of the windows'
+    // edges (~3 MiB over 1 MiB windows) and read back after a reopen.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(4 << 20, Durability::Buffered)).expect("open");
+    let recs = random_records(12, 3000, 2000);
+    let lsns = write_all(&wal, &recs);
+    assert!(
+        wal.next_lsn() > 2 << 20,
+        "only {} log bytes",
+        wal.next_lsn()
+    );
+    assert_eq!(segment_paths(dir.path()).len(), 1);
+    drop(wal);
+    let wal = Wal::open(dir.path(), config(4 << 20, Durability::Buffered)).expect("reopen");
+    expect_replay(&wal, 0, &lsns, &recs);
+    drop(wal);
+
+    // `Sync` writes with `pwrite`: no mapping.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
+    write_all(&wal, &recs[..10]);
+    let active = segment_paths(dir.path()).pop().expect("segment");
+    assert!(!is_mapped(&active), "a Sync segment is mapped");
+}

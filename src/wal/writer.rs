@@ -1,15 +1,33 @@
-//! The writing side of the log: moves buffered records into segment files with `pwrite`,
-//! switching to a new segment when the next record does not fit.
+//! The writing side of the log: moves buffered records into segment files, switching to a
+//! new segment when the next record does not fit. Under `Buffered`, a segment the file layer
+//! can map is written with a copy into the mapping (no system call; see `vfs`); anything
+//! else with `pwrite`.
 
 use std::path::PathBuf;
+
+use memmap2::MmapMut;
 
 use super::format::{self, HEADER_SIZE};
 use super::log::Shared;
 use super::segment::{self, Segment};
-use super::vfs::LogFile;
+use super::vfs::{LogFile, MAP_ALIGN};
 use super::Lsn;
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Ordering};
+
+/// Bytes of the active segment mapped at a time: a whole 64 MiB segment would count, once
+/// written, in the process's resident memory; a window bounds that, and its `mmap` is
+/// shared by thousands of records.
+const MAP_WINDOW: u64 = 1 << 20;
+
+/// A mapped part of the active segment.
+#[derive(Debug)]
+pub(crate) struct Window {
+    /// Its file offset (a multiple of `MAP_ALIGN`).
+    start: u64,
+    /// The mapping.
+    bytes: MmapMut,
+}
 
 /// The writing side: segments and where the next byte goes.
 #[derive(Debug)]
@@ -18,6 +36,14 @@ pub(crate) struct Writer {
     pub(super) segments: Vec<Segment>,
     /// The active segment (shared with a leader that syncs it outside this lock).
     pub(super) file: Arc<dyn LogFile>,
+    /// The part of the active segment mapped for writing, if any (`LogFile::map`).
+    pub(super) window: Option<Window>,
+    /// Whether to try mapping the active segment: only under `Buffered` (under `Sync`, each
+    /// `fdatasync` write-protects the mapped pages again and the next copy takes a page
+    /// fault under the writer lock: measured 20-25 % fewer commits/s at 2 and 4 threads than
+    /// `pwrite`), and false once `LogFile::map` refused the file, so an unmappable file
+    /// costs no further attempts.
+    pub(super) mappable: bool,
     /// Size of the active segment.
     pub(super) segment_size: u64,
     /// File offset of the next write in the active segment.
@@ -56,10 +82,23 @@ impl Writer {
                 format::fitting_prefix(rest, room)
             };
             if n > 0 {
-                let path = self.active_path();
-                self.file
-                    .write_all_at(&rest[..n], self.offset)
-                    .map_err(|e| Error::io(path, e))?;
+                let dst = mapped(
+                    &mut self.window,
+                    &mut self.mappable,
+                    &*self.file,
+                    self.segment_size,
+                    self.offset,
+                    n,
+                );
+                match dst {
+                    Some(dst) => dst.copy_from_slice(&rest[..n]),
+                    None => {
+                        let path = self.active_path();
+                        self.file
+                            .write_all_at(&rest[..n], self.offset)
+                            .map_err(|e| Error::io(path, e))?;
+                    }
+                }
                 s.writes.fetch_add(1, Ordering::Relaxed);
                 self.offset += n as u64;
                 self.done += n;
@@ -95,9 +134,51 @@ impl Writer {
         s.syncs.fetch_add(1, Ordering::Relaxed);
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, self.end, s.config.segment_size)?;
         self.segments.push(seg);
+        // Its pages stay in the page cache, and the sync above already wrote them back.
+        self.window = None;
+        self.mappable = s.config.durability == crate::Durability::Buffered;
         self.file = file;
         self.segment_size = s.config.segment_size;
         self.offset = HEADER_SIZE;
         Ok(())
     }
+}
+
+/// The `n` bytes at `offset` in the active segment as mapped memory, mapping the window
+/// that holds them if needed; `None` if the file cannot be mapped or they do not fit in
+/// one window (then `pwrite` writes them). A function of the writer's fields it needs, not
+/// a method, so the records being copied can stay borrowed.
+fn mapped<'a>(
+    window: &'a mut Option<Window>,
+    mappable: &mut bool,
+    file: &dyn LogFile,
+    segment_size: u64,
+    offset: u64,
+    n: usize,
+) -> Option<&'a mut [u8]> {
+    let end = offset.checked_add(n as u64)?;
+    let covered = window
+        .as_ref()
+        .is_some_and(|w| w.start <= offset && end <= w.start + w.bytes.len() as u64);
+    if !covered {
+        *window = None;
+        if !*mappable {
+            return None;
+        }
+        let start = offset - offset % MAP_ALIGN;
+        let len = MAP_WINDOW.min(segment_size.saturating_sub(start));
+        if end > start + len {
+            return None;
+        }
+        match file.map(start, len) {
+            Some(bytes) => *window = Some(Window { start, bytes }),
+            None => {
+                *mappable = false;
+                return None;
+            }
+        }
+    }
+    let w = window.as_mut()?;
+    let from = usize::try_from(offset - w.start).ok()?;
+    w.bytes.get_mut(from..from.checked_add(n)?)
 }
