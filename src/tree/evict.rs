@@ -6,13 +6,13 @@
 //! last checkpoint intact.
 
 use super::inner::{ChildRef, Entry, Path, Seek};
-use super::leaf::{node_records, with_page_buf};
+use super::leaf::{live_records, node_records, with_page_buf};
 use super::{Attempt, Restart, Shared, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::{EvictGuard, Location, PageId, WriteGuard};
-use crate::store::PageBuf;
-use crate::sync::{self, MutexGuard, Ordering};
+use crate::store::{PageBuf, PageStore};
+use crate::sync::{self, Arc, MutexGuard, Ordering};
 
 /// What the caller wants done with the cached node once its changes are on disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -113,14 +113,7 @@ impl Shared {
                         Ok(action) => return Ok(Ok(action)),
                         Err(records) => records,
                     },
-                    None => node_records(node)
-                        .into_iter()
-                        .filter(|r| r.kind.exists())
-                        .map(|r| Record {
-                            kind: RecordKind::Insert,
-                            ..r
-                        })
-                        .collect(),
+                    None => live_records(node),
                 };
                 (records, Some(route))
             }
@@ -178,42 +171,52 @@ impl Shared {
         let Some(store) = &self.store else {
             return Ok(Ok(Action::Nothing));
         };
-        let new_page = store.allocate()?;
-        with_page_buf(self.page_size, |buf| -> Result<()> {
+        let new_page = with_page_buf(self.page_size, |buf| -> Result<u64> {
             buf.fill(0);
-            let built = if path.is_some() {
-                node::build(
-                    buf,
-                    NodeKind::Leaf,
-                    low.as_deref(),
-                    high.as_deref(),
-                    &records,
-                )
-            } else {
-                node::build(buf, NodeKind::Leaf, None, None, &records)
-            };
-            if built.is_err() {
+            if node::build(
+                buf,
+                NodeKind::Leaf,
+                low.as_deref(),
+                high.as_deref(),
+                &records,
+            )
+            .is_err()
+            {
                 // `split_records` said one page suffices; never write a partial leaf.
                 return Err(crate::error::Error::corruption(
                     &self.data_path,
-                    Some(new_page),
+                    None,
                     "leaf did not fit its page",
                 ));
             }
-            NodeMut::from_bytes(buf).set_disk_page(Some(new_page));
-            store.write(new_page, buf)
-        })
-        .inspect_err(|_| {
-            let _ = store.free(new_page);
+            self.write_new_page(store, buf)
         })?;
-        if let Some(old) = disk {
+        Ok(Ok(self.moved(pid, disk, new_page, after)))
+    }
+
+    /// Writes the leaf built in `buf` to a newly allocated page (freed again if the write
+    /// fails) and returns the page.
+    fn write_new_page(&self, store: &Arc<dyn PageStore>, buf: &mut PageBuf) -> Result<u64> {
+        let page = store.allocate()?;
+        NodeMut::from_bytes(buf).set_disk_page(Some(page));
+        if let Err(e) = store.write(page, buf) {
+            let _ = store.free(page);
+            return Err(e);
+        }
+        Ok(page)
+    }
+
+    /// Records that leaf `pid` now lives in `new` instead of `old` and says what becomes of
+    /// its cached node.
+    fn moved(&self, pid: PageId, old: Option<u64>, new: u64, after: AfterWrite) -> Action {
+        if let Some(old) = old {
             self.pages.supersede(self, old);
         }
-        self.pages.written(pid, new_page);
-        Ok(Ok(match after {
-            AfterWrite::Detach => Action::Detach(new_page),
-            AfterWrite::Keep => Action::KeepClean(new_page),
-        }))
+        self.pages.written(pid, new);
+        match after {
+            AfterWrite::Detach => Action::Detach(new),
+            AfterWrite::Keep => Action::KeepClean(new),
+        }
     }
 
     /// The common case of writing back a mini-page: read its leaf, merge the dirty records
@@ -239,18 +242,8 @@ impl Shared {
                 return Ok(Err(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
             }
             self.counters.write_backs.fetch_add(1, Ordering::Relaxed);
-            let new_page = store.allocate()?;
-            NodeMut::from_bytes(buf).set_disk_page(Some(new_page));
-            if let Err(e) = store.write(new_page, buf) {
-                let _ = store.free(new_page);
-                return Err(e);
-            }
-            self.pages.supersede(self, disk);
-            self.pages.written(pid, new_page);
-            Ok(Ok(match after {
-                AfterWrite::Detach => Action::Detach(new_page),
-                AfterWrite::Keep => Action::KeepClean(new_page),
-            }))
+            let new_page = self.write_new_page(store, buf)?;
+            Ok(Ok(self.moved(pid, Some(disk), new_page, after)))
         })
     }
 

@@ -66,6 +66,18 @@ pub(crate) fn node_records(node: NodeRef<'_>) -> Vec<Record> {
         .collect()
 }
 
+/// The records a leaf with no disk page holds: a mini-page's present records, as inserts.
+pub(crate) fn live_records(node: NodeRef<'_>) -> Vec<Record> {
+    node_records(node)
+        .into_iter()
+        .filter(|r| r.kind.exists())
+        .map(|r| Record {
+            kind: RecordKind::Insert,
+            ..r
+        })
+        .collect()
+}
+
 /// Applies a write to sorted records.
 fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
     let at = records.binary_search_by(|r| r.key.as_slice().cmp(key));
@@ -421,14 +433,7 @@ impl Shared {
                 self.read_page(p, buf)?;
                 Ok(node::merge_sorted(self.check_leaf(p, buf)?, mini))
             })?,
-            None => node_records(mini)
-                .into_iter()
-                .filter(|r| r.kind.exists())
-                .map(|r| Record {
-                    kind: RecordKind::Insert,
-                    ..r
-                })
-                .collect(),
+            None => live_records(mini),
         };
         let dirty = mini.dirty_count() > 0;
         self.counters.merges.fetch_add(1, Ordering::Relaxed);
