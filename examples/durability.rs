@@ -54,9 +54,9 @@ fn sync_inserts(threads: u64, ops: u64) {
     tree.close().expect("close");
 }
 
-/// YCSB-A (50 % reads, 50 % updates, Zipf 0.9) over `records` 16-byte records that fit in the
-/// cache, `ops` operations from `threads` threads; returns ops/s.
-fn ycsb_a(durability: Durability, records: u64, ops: u64, threads: usize) -> f64 {
+/// Opens a tree for the YCSB-A comparison with `records` 16-byte records loaded into a cache
+/// that holds them all.
+fn loaded_tree(durability: Durability, records: u64) -> Tree {
     let dir = bench_dir(&format!("ycsb-{durability:?}"));
     let tree = Tree::open(
         Config::new(&dir)
@@ -68,17 +68,36 @@ fn ycsb_a(durability: Durability, records: u64, ops: u64, threads: usize) -> f64
         tree.insert(key(i), value(i, 0, 16)).expect("load");
     }
     tree.flush().expect("flush");
+    tree
+}
+
+/// CPU time (user + system) this process has used, every thread included.
+fn process_cpu() -> Duration {
+    // SAFETY: `getrusage` only writes the struct it is given, which is zeroed plain data.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Runs `ops` YCSB-A operations (50 % reads, 50 % updates, Zipf 0.9) from `threads` threads
+/// with generator seed `seed`; returns ops/s and the process's CPU nanoseconds per op
+/// (background threads included: a loaded machine stretches the first, not the second).
+fn ycsb_a_burst(tree: &Tree, records: u64, ops: u64, threads: usize, seed: u64) -> (f64, f64) {
     let per_thread = ops / threads as u64;
+    let cpu = process_cpu();
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
-            let tree = &tree;
             s.spawn(move || {
                 let gen = OpGen::new(
                     Phase::A,
                     records,
                     Distribution::Zipf(DEFAULT_THETA),
-                    42,
+                    seed,
                     t,
                     threads,
                     Arc::new(AtomicU64::new(records)),
@@ -100,15 +119,54 @@ fn ycsb_a(durability: Durability, records: u64, ops: u64, threads: usize) -> f64
             });
         }
     });
-    let rate = (per_thread * threads as u64) as f64 / start.elapsed().as_secs_f64();
-    let s = tree.stats();
+    let done = (per_thread * threads as u64) as f64;
+    let cpu = (process_cpu() - cpu).as_nanos() as f64;
+    (done / start.elapsed().as_secs_f64(), cpu / done)
+}
+
+/// YCSB-A in memory under `None` and `Buffered`, paired: both trees are loaded once, then
+/// each round runs the same burst of operations on one and then the other (alternating
+/// which goes first), so the machine's drift hits both alike. Prints the median ops/s of
+/// each and the median of the per-round ratios.
+fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
+    let none = loaded_tree(Durability::None, records);
+    let buffered = loaded_tree(Durability::Buffered, records);
+    let syncs_before = buffered.stats().log_syncs;
+    let (mut rn, mut rb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cn, mut cb) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let seed = 42 + round;
+        let (n, b) = if round % 2 == 0 {
+            let n = ycsb_a_burst(&none, records, ops, threads, seed);
+            (n, ycsb_a_burst(&buffered, records, ops, threads, seed))
+        } else {
+            let b = ycsb_a_burst(&buffered, records, ops, threads, seed);
+            (ycsb_a_burst(&none, records, ops, threads, seed), b)
+        };
+        rn.push(n.0);
+        rb.push(b.0);
+        ratios.push(b.0 / n.0);
+        cn.push(n.1);
+        cb.push(b.1);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let syncs = buffered.stats().log_syncs - syncs_before;
+    let (cn, cb) = (median(&mut cn), median(&mut cb));
     println!(
-        "ycsb-a durability={durability:?} records={records} threads={threads} \
-         ops_per_s={rate:.0} misses={} log_syncs={}",
-        s.cache_misses, s.log_syncs
+        "ycsb-a records={records} threads={threads} rounds={rounds} ops/round={ops}: \
+         none {:.0} ops/s, buffered {:.0} ops/s (median), buffered/none per-round median {:.3}; \
+         CPU per op none {cn:.0} ns, buffered {cb:.0} ns, none/buffered {:.3} \
+         (log syncs during the rounds: {syncs})",
+        median(&mut rn),
+        median(&mut rb),
+        median(&mut ratios),
+        cn / cb
     );
-    tree.close().expect("close");
-    rate
+    none.close().expect("close");
+    buffered.close().expect("close");
 }
 
 /// Two writers update records while the main thread checkpoints a cache full of dirty
@@ -241,18 +299,9 @@ fn main() {
         }
     }
     if matches!(what, "ycsb" | "all") {
-        let (records, ops, threads) = (200_000, 2_000_000, 2);
-        let mut ratios = Vec::new();
-        for _ in 0..3 {
-            let none = ycsb_a(Durability::None, records, ops, threads);
-            let buffered = ycsb_a(Durability::Buffered, records, ops, threads);
-            ratios.push(buffered / none);
+        for threads in [1, 2] {
+            ycsb_a_paired(200_000, 21, 1_000_000, threads);
         }
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "ycsb-a buffered/none ratios {ratios:.3?} median {:.3}",
-            ratios[1]
-        );
     }
     if matches!(what, "pause" | "all") {
         checkpoint_pause(2_000_000);

@@ -43,23 +43,32 @@ pub(crate) fn record_len(op: &LogOp<'_>) -> u64 {
 /// Appends the record for `op` at `lsn` to `out`. The caller checked that the key and value
 /// lengths fit in `u32` (they are bounded by the segment size).
 pub(crate) fn encode_record(out: &mut Vec<u8>, lsn: Lsn, op: &LogOp<'_>) {
+    let start = out.len();
+    let len = record_len(op) as usize;
+    out.resize(start + len, 0);
+    encode_record_into(&mut out[start..], lsn, op);
+}
+
+/// Writes the record for `op` at `lsn` into `out`, which is exactly `record_len(op)` bytes
+/// (the Buffered log encodes straight into its mapped segment).
+pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
     let (code, key, value): (u8, &[u8], &[u8]) = match op {
         LogOp::Insert { key, value } => (OP_INSERT, key, value),
         LogOp::Remove { key } => (OP_REMOVE, key, &[]),
     };
+    debug_assert_eq!(out.len() as u64, record_len(op));
     let body_len = BODY_FIXED as usize + key.len() + value.len();
-    let start = out.len();
-    out.reserve(RECORD_PREFIX as usize + body_len);
-    out.extend_from_slice(&(body_len as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&lsn.to_le_bytes());
-    out.push(code);
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    let crc = record_crc(&out[start..start + 4], &out[start + 8..]);
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    let (prefix, body) = out.split_at_mut(RECORD_PREFIX as usize);
+    prefix[..4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    body[..8].copy_from_slice(&lsn.to_le_bytes());
+    body[8] = code;
+    body[9..13].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    body[13..17].copy_from_slice(&(value.len() as u32).to_le_bytes());
+    let (k, v) = body[BODY_FIXED as usize..].split_at_mut(key.len());
+    k.copy_from_slice(key);
+    v.copy_from_slice(value);
+    let crc = record_crc(&prefix[..4], body);
+    prefix[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The record checksum covers the length prefix too, so a damaged length cannot make the

@@ -18,14 +18,18 @@
 //! Each record stores its own LSN, so a record copied to the wrong place never decodes.
 //!
 //! # Group commit
-//! Appends only copy the record into a shared buffer (one short mutex, no system call).
-//! Under `Sync`, one committer at a time is the leader: it writes the whole buffer with
+//! Under `Sync`, appends only copy the record into a shared buffer (one short mutex, no
+//! system call), and one committer at a time is the leader: it writes the whole buffer with
 //! `pwrite` and issues one `fdatasync` covering every record appended so far, holding no
 //! lock appends need. The other committers park; the leader wakes them all when its sync is
 //! done, those it covered return at once, and one of the rest leads the next round for
-//! everything appended meanwhile. `Buffered` commits take only the writer lock (a copy into
-//! the mapped segment, or a `pwrite` where the file layer cannot map it), so they never
-//! wait for a sync. (`Sync` keeps `pwrite`: see `Writer::mappable`.) `fdatasync` writes back a shared mapping's dirty pages like any others.
+//! everything appended meanwhile. Under `Buffered`, an append takes the writer lock and
+//! encodes the record straight into the mapped active segment, so the record has reached
+//! the OS when `append` returns and its commit takes no lock; a record that cannot go there
+//! (the file layer cannot map the segment, or the record crosses the mapped window or the
+//! segment's end) goes through the buffer, and its commit writes it out. Nothing under
+//! `Buffered` waits for a sync. (`Sync` keeps `pwrite`: see `Writer::mappable`.)
+//! `fdatasync` writes back a shared mapping's dirty pages like any others.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its

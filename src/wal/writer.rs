@@ -55,6 +55,13 @@ pub(crate) struct Writer {
     pub(super) inflight: Vec<u8>,
     /// How much of `inflight` is written.
     pub(super) done: usize,
+    /// Writes to the OS (`pwrite` calls or copies into a mapped segment). The counters live
+    /// here, not in shared atomics, because every write holds this lock anyway.
+    pub(super) writes: u64,
+    /// Records appended straight into the mapped segment (not through the append buffer).
+    pub(super) mapped_appends: u64,
+    /// Bytes of those records.
+    pub(super) mapped_bytes: u64,
 }
 
 impl Writer {
@@ -99,17 +106,46 @@ impl Writer {
                             .map_err(|e| Error::io(path, e))?;
                     }
                 }
-                s.writes.fetch_add(1, Ordering::Relaxed);
+                self.writes += 1;
                 self.offset += n as u64;
                 self.done += n;
                 self.end += n as u64;
-                s.written.fetch_max(self.end, Ordering::AcqRel);
+                s.written.store(self.end, Ordering::Release);
             }
             if self.done < self.inflight.len() {
                 self.next_segment(s)?;
             }
         }
         Ok(())
+    }
+
+    /// Where a record of `len` bytes goes if it can be written straight into the mapped
+    /// active segment: nothing taken from the buffer is still unwritten (so it is the next
+    /// record of the file) and the record fits in the mapped window, mapping the window if
+    /// needed. `lsn` is the record's: with the append buffer empty it is the writer's end.
+    /// The caller encodes into the slice, then calls [`Writer::advance`].
+    pub(super) fn mapped_slot(&mut self, lsn: Lsn, len: u64) -> Option<&mut [u8]> {
+        if self.done < self.inflight.len() || lsn != self.end {
+            return None;
+        }
+        mapped(
+            &mut self.window,
+            &mut self.mappable,
+            &*self.file,
+            self.segment_size,
+            self.offset,
+            usize::try_from(len).ok()?,
+        )
+    }
+
+    /// Accounts for a record of `len` bytes written into the slot [`Writer::mapped_slot`]
+    /// returned: it reached the OS.
+    pub(super) fn advance(&mut self, s: &Shared, len: u64) {
+        self.writes += 1;
+        self.offset += len;
+        self.end += len;
+        // Only writers holding this lock move `written`, and `end` never goes back.
+        s.written.store(self.end, Ordering::Release);
     }
 
     /// Path of the active segment.
