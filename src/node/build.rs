@@ -32,10 +32,11 @@ pub(crate) fn copy_filtered(
     keep: impl Fn(RecordKind, bool) -> bool,
     clear_refs: bool,
 ) -> Result<(), NoSpace> {
-    if !dst.len().is_power_of_two() || !(MIN_NODE..=MAX_NODE).contains(&dst.len()) {
-        debug_assert!(false, "copy_filtered into a buffer of {} bytes", dst.len());
-        return Err(NoSpace);
-    }
+    copy_into(src, dst, &keep, clear_refs, false)
+}
+
+/// Bytes a node needs to hold `src`'s fences and the records `keep(kind, ref_bit)` selects.
+pub(crate) fn filtered_len(src: NodeRef<'_>, keep: impl Fn(RecordKind, bool) -> bool) -> usize {
     let (low, high) = (src.low_fence_stored(), src.high_fence_stored());
     let mut need = FIXED_COST + low.map_or(0, <[u8]>::len) + high.map_or(0, <[u8]>::len);
     for i in 0..src.len() {
@@ -43,11 +44,40 @@ pub(crate) fn copy_filtered(
             need += META_SIZE + src.key_suffix(i).len() + src.value(i).len();
         }
     }
-    if need > dst.len() {
+    need
+}
+
+/// Copies the referenced records of `mirror`, a clean full-page mirror, into `dst` as a
+/// mini-page of cached answers (reference bits cleared), keeping its fences, prefix and disk
+/// page: the leaf's hot records stay in memory for the bytes they need, not a whole page.
+///
+/// # Errors
+/// As [`copy_filtered`].
+pub(crate) fn mini_from_mirror(mirror: NodeRef<'_>, dst: &mut [u8]) -> Result<(), NoSpace> {
+    debug_assert_eq!(mirror.kind(), NodeKind::Leaf);
+    copy_into(mirror, dst, &|_, referenced| referenced, true, true)
+}
+
+/// [`copy_filtered`], optionally turning the copy into a mini-page whose records are cache
+/// records (`as_cache`).
+fn copy_into(
+    src: NodeRef<'_>,
+    dst: &mut [u8],
+    keep: &dyn Fn(RecordKind, bool) -> bool,
+    clear_refs: bool,
+    as_cache: bool,
+) -> Result<(), NoSpace> {
+    if !dst.len().is_power_of_two() || !(MIN_NODE..=MAX_NODE).contains(&dst.len()) {
+        debug_assert!(false, "copy_filtered into a buffer of {} bytes", dst.len());
         return Err(NoSpace);
     }
+    if filtered_len(src, keep) > dst.len() {
+        return Err(NoSpace);
+    }
+    let (low, high) = (src.low_fence_stored(), src.high_fence_stored());
+    let kind = if as_cache { NodeKind::Mini } else { src.kind() };
     let mut node = NodeMut::from_bytes(dst);
-    if !node.format(src.kind(), src.prefix_len(), low, high) {
+    if !node.format(kind, src.prefix_len(), low, high) {
         debug_assert!(
             false,
             "fences of a valid node do not fit although the total does"
@@ -59,6 +89,11 @@ pub(crate) fn copy_filtered(
     for i in 0..src.len() {
         let (kind, refb) = (src.record_kind(i), src.ref_bit(i));
         if keep(kind, refb) {
+            let kind = if as_cache && kind.exists() {
+                RecordKind::Cache
+            } else {
+                kind
+            };
             node.push_suffix(src.key_suffix(i), src.value(i), kind, refb && !clear_refs)?;
         }
     }

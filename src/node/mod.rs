@@ -66,7 +66,9 @@ mod tests_prop;
 
 #[cfg(test)]
 pub(crate) use build::shortest_separator;
-pub(crate) use build::{build, copy_filtered, merge_sorted, split_records, Record};
+pub(crate) use build::{
+    build, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records, Record,
+};
 #[cfg(feature = "internals")]
 pub(crate) use fuzz::decode_check;
 pub(crate) use read::NodeRef;

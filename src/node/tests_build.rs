@@ -141,3 +141,40 @@ fn inner_nodes_route_by_child_index() {
     assert_eq!(route(b"szzz"), 13);
     assert_eq!(route(b"a"), 10);
 }
+
+#[test]
+fn mini_from_mirror_keeps_only_referenced_records_as_cache() {
+    let mut lb = buf(1024);
+    let mut leaf = NodeMut::init(&mut lb, NodeKind::Leaf, Some(b"key0000"), Some(b"key9"));
+    leaf.set_disk_page(Some(42));
+    for i in 0..10u8 {
+        leaf.upsert(format!("key{i:04}").as_bytes(), &[i; 6], RecordKind::Insert)
+            .unwrap();
+    }
+    leaf.set_ref_bit(2, true);
+    leaf.set_ref_bit(7, true);
+    let src = leaf.as_ref();
+    let need = filtered_len(src, |_, referenced| referenced);
+    assert!(need < filtered_len(src, |_, _| true));
+    let mut mini = buf(need.next_power_of_two());
+    mini_from_mirror(src, &mut mini).unwrap();
+    let r = NodeRef::from_bytes_checked(&mini).unwrap();
+    assert_eq!(
+        (r.kind(), r.len(), r.disk_page()),
+        (NodeKind::Mini, 2, Some(42))
+    );
+    assert_eq!(r.prefix(), src.prefix());
+    assert_eq!(r.used_bytes(), need);
+    for (i, want) in [(0, 2u8), (1, 7u8)] {
+        let mut k = Vec::new();
+        r.key_into(i, &mut k);
+        assert_eq!(k, format!("key{want:04}").into_bytes());
+        assert_eq!(r.value(i), &[want; 6][..]);
+        assert_eq!(r.record_kind(i), RecordKind::Cache);
+        assert!(!r.ref_bit(i), "reference bits start clear in the copy");
+    }
+    // Too small a destination is refused and left alone.
+    let mut tiny = buf(64);
+    assert_eq!(mini_from_mirror(src, &mut tiny), Err(NoSpace));
+    assert!(tiny.iter().all(|&b| b == 0xEE));
+}

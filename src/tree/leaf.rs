@@ -604,10 +604,27 @@ impl Shared {
 
     /// Moves a mini-page touched in the copy-on-access region to the tail, dropping cold clean
     /// records (paper §4.1, §5.5). Best effort: without memory it stays where it is.
+    ///
+    /// A clean full-page mirror keeps only its referenced records, as a mini-page of cached
+    /// answers: read-only traffic would otherwise keep moving whole pages for the few hot
+    /// records in each (after a load, most of the cache is such pages), crowding out the hot
+    /// records of other leaves. One with no referenced record is dropped. A dirty mirror
+    /// moves whole: its changes are only in memory.
     pub(crate) fn copy_to_tail<'p>(&'p self, page: &mut WriteGuard<'p>) {
         let Some(bytes) = page.mini() else { return };
         let node = NodeRef::from_bytes(bytes);
         let mirror = node.kind() == NodeKind::Leaf;
+        if let Some(disk) = node
+            .disk_page()
+            .filter(|_| mirror && node.flags() & FLAG_DIRTY == 0)
+        {
+            let need = node::filtered_len(node, |_, referenced| referenced);
+            let size = need.next_power_of_two().max(node::MIN_NODE);
+            if size < node.size() {
+                self.shrink_mirror(page, disk, size);
+                return;
+            }
+        }
         let Some(mut block) = self.pool.alloc(node.size(), page.page_id()) else {
             return;
         };
@@ -619,6 +636,30 @@ impl Shared {
             self.pool.dealloc(old);
         }
         self.counters.copied_to_tail.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Replaces the clean mirror of `page` (a copy of disk page `disk`) with a mini-page of
+    /// `size` bytes holding its referenced records, or with nothing if none is referenced.
+    fn shrink_mirror<'p>(&'p self, page: &mut WriteGuard<'p>, disk: u64, size: usize) {
+        let Some(bytes) = page.mini() else { return };
+        let node = NodeRef::from_bytes(bytes);
+        if (0..node.len()).all(|i| !node.ref_bit(i)) {
+            if let Some(old) = page.set_location_disk(disk) {
+                self.pool.dealloc(old);
+            }
+            self.counters.mirrors_shrunk.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Some(mut block) = self.pool.alloc(size, page.page_id()) else {
+            return;
+        };
+        if node::mini_from_mirror(node, block.bytes_mut()).is_err() {
+            return;
+        }
+        if let Some(old) = page.set_mini(block) {
+            self.pool.dealloc(old);
+        }
+        self.counters.mirrors_shrunk.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes an emptied leaf from the tree (unless it is the only one or the structure lock

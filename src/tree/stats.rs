@@ -20,6 +20,9 @@ pub struct Stats {
     pub mini_grows: u64,
     /// Mini-pages copied to the tail of the buffer from its copy-on-access region.
     pub copied_to_tail: u64,
+    /// Clean full-page mirrors that, touched in the copy-on-access region, kept only their
+    /// recently read records (as a mini-page) or left memory when none was read.
+    pub mirrors_shrunk: u64,
     /// Scanned leaves kept in memory as full-page mirrors.
     pub scan_mirrors: u64,
     /// Leaves written back to disk (by eviction or checkpoint).
@@ -61,6 +64,7 @@ pub(crate) struct Counters {
     pub(crate) merges: AtomicU64,
     pub(crate) mini_grows: AtomicU64,
     pub(crate) copied_to_tail: AtomicU64,
+    pub(crate) mirrors_shrunk: AtomicU64,
     pub(crate) scan_mirrors: AtomicU64,
     pub(crate) write_backs: AtomicU64,
     pub(crate) splits: AtomicU64,
@@ -83,6 +87,7 @@ impl Shared {
             merges: get(&c.merges),
             mini_grows: get(&c.mini_grows),
             copied_to_tail: get(&c.copied_to_tail),
+            mirrors_shrunk: get(&c.mirrors_shrunk),
             scan_mirrors: get(&c.scan_mirrors),
             write_backs: get(&c.write_backs),
             splits: get(&c.splits),
