@@ -25,7 +25,7 @@
 //!
 //! **Workloads** (`{uniform,zipf}/ycsb-{c,b,a,f,e}/{1,2}t`, operations per second): one
 //! iteration is one operation on the loaded tree, timed by `iter_custom` over the runner
-//! (thread start included, generator setup not); 10 samples, 1 s warm-up, 2 s measurement.
+//! (thread start included, generator setup not); 10 samples, 0.5 s warm-up, 2 s measurement.
 //! Each call draws a fresh seed so samples do not replay each other's keys. The order, C, B,
 //! A, F, E, puts the writes after the pure reads; E's inserts add new records N, N+1, ...
 //! to the dataset.
