@@ -1,6 +1,7 @@
 //! The two engines under comparison behind one trait, and the multi-threaded runner that
-//! drives either with the `WORKLOADS.md` operations. Shared by `benches/ycsb.rs` (criterion)
-//! and `examples/vs_bftree.rs` (side-by-side table), so both measure exactly the same thing.
+//! drives either with the `WORKLOADS.md` operations. Shared by `benches/ycsb.rs` and
+//! `benches/workloads.rs` (criterion) and `examples/vs_bftree.rs` (side-by-side table), so
+//! all measure exactly the same thing.
 
 use std::error::Error as StdError;
 use std::path::Path;
