@@ -1,6 +1,7 @@
 //! The YCSB suite of issue 6 on bfkv: load and workloads A, B, C, E and F as
 //! `WORKLOADS.md` defines them, with uniform and Zipf 0.9 key choice, at 1 and 2 threads,
-//! in four criterion groups:
+//! in four criterion groups (results and their spread: `docs/benchmarks.md`, "Criterion YCSB
+//! suite"):
 //!
 //! - `mem/v16`, `mem/v100`: `Config::in_memory()` (no files, nothing can be evicted), with a
 //!   cache of 8x the raw record bytes (at least 256 MiB) so the suite's inserts never fill it.
@@ -14,7 +15,8 @@
 //! 100-byte values (`v100`). Everything else is `benches/ycsb/engines.rs`'s runner, the one
 //! `benches/ycsb.rs` and `examples/vs_bftree.rs` use: every value read is checked.
 //!
-//! **Load** (`load/1t`, `load/2t`, throughput in records per second): one criterion iteration
+//! **Load** (`load/1t`, `load/2t`; disk groups only the first of `BFKV_BENCH_THREADS`, as a
+//! disk load takes seconds; throughput in records per second): one criterion iteration
 //! is a whole load of N records into a fresh, empty tree (opened outside the timing), with
 //! flat sampling, 10 samples of one iteration each. A fresh tree per iteration is the only
 //! way to time what a load is, inserting into a tree that starts empty and grows past the
