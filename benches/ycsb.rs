@@ -16,32 +16,18 @@
 
 #[path = "ycsb/engines.rs"]
 mod engines;
+#[path = "ycsb/report.rs"]
+mod report;
 
 use std::cell::RefCell;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bfkv_workload::{Distribution, Phase, DEFAULT_THETA};
+use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, VALUE_LEN};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engines::{Bfkv, BoxError, Engine, MsBfTree, Outcome, RunSpec, Stop, Workload};
-
-/// Leaves the process with `e`: a failed engine operation invalidates the whole run, and
-/// criterion's timing closures cannot return errors.
-fn or_exit<T>(r: Result<T, BoxError>) -> T {
-    r.unwrap_or_else(|e| {
-        eprintln!("ycsb bench: {e}");
-        std::process::exit(1)
-    })
-}
-
-/// A record count from the environment, or `default`.
-fn env_count(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use report::{accumulate, env_count, or_exit, report};
 
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
@@ -76,6 +62,7 @@ fn compare(
             threads,
             dist: Distribution::Zipf(DEFAULT_THETA),
             seed: 42,
+            value_len: VALUE_LEN,
         };
         let load = Workload::Phase(Phase::Load);
         let out = or_exit(engines::run(
@@ -118,32 +105,6 @@ fn compare(
         }
     }
     group.finish();
-}
-
-/// Adds `out` to the running total `sum`.
-fn accumulate(sum: &mut Option<Outcome>, out: &Outcome) {
-    let add = |a: Option<(u64, u64)>, b: Option<(u64, u64)>| Some((a?.0 + b?.0, a?.1 + b?.1));
-    *sum = Some(match sum.take() {
-        None => *out,
-        Some(s) => Outcome {
-            ops: s.ops + out.ops,
-            elapsed: s.elapsed + out.elapsed,
-            leaf_io: add(s.leaf_io, out.leaf_io),
-            proc_io: add(s.proc_io, out.proc_io),
-        },
-    });
-}
-
-/// Prints throughput and disk traffic per operation of `out`.
-fn report(group: &str, engine: &str, what: &str, out: &Outcome) {
-    let fmt =
-        |v: Option<(f64, f64)>| v.map_or("-".to_string(), |(r, w)| format!("{r:.3} r / {w:.3} w"));
-    eprintln!(
-        "[{group}] {engine} {what}: {:.0} ops/s; disk per op: proc {} (4 KiB); leaf pages {}",
-        out.ops_per_sec(),
-        fmt(out.proc_pages_per_op()),
-        fmt(out.leaf_pages_per_op()),
-    );
 }
 
 /// Data that fits in the cache.

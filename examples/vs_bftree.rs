@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bfkv_workload::{Distribution, Phase, DEFAULT_THETA};
+use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, VALUE_LEN};
 use clap::Parser;
 use engines::{Bfkv, BoxError, Engine, MsBfTree, RunSpec, Stop, Workload};
 
@@ -133,6 +133,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
         threads,
         dist: Distribution::Zipf(DEFAULT_THETA),
         seed: 42,
+        value_len: VALUE_LEN,
     };
     let stop = match args.ops {
         Some(ops) => Stop { ops, time: None },

@@ -1,6 +1,7 @@
 //! The two engines under comparison behind one trait, and the multi-threaded runner that
-//! drives either with the `WORKLOADS.md` operations. Shared by `benches/ycsb.rs` (criterion)
-//! and `examples/vs_bftree.rs` (side-by-side table), so both measure exactly the same thing.
+//! drives either with the `WORKLOADS.md` operations. Shared by `benches/ycsb.rs` and
+//! `benches/workloads.rs` (criterion) and `examples/vs_bftree.rs` (side-by-side table), so
+//! all measure exactly the same thing.
 
 use std::error::Error as StdError;
 use std::path::Path;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bf_tree::{BfTree, LeafReadResult, ScanReturnField, StorageBackend};
 use bfkv::{Config, Durability, Tree};
-use bfkv_workload::{decode_value, key, write_value, Distribution, Op, OpGen, Phase, VALUE_LEN};
+use bfkv_workload::{decode_value, key, write_value, Distribution, Op, OpGen, Phase};
 
 /// Any failure of a benchmark run.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -246,6 +247,9 @@ pub struct RunSpec {
     pub dist: Distribution,
     /// Seed of the operation streams.
     pub seed: u64,
+    /// Bytes in every value written (at least 16: `bfkv_workload::VALUE_LEN`, or
+    /// `VALUE_LEN_LARGE` for the large-value variant); reads check it.
+    pub value_len: usize,
 }
 
 /// `after - before` for a pair of counters.
@@ -266,6 +270,8 @@ struct Shared<'a> {
     deadline: Option<Instant>,
     /// Next new record number.
     next_insert: &'a Arc<AtomicU64>,
+    /// Bytes in every value.
+    value_len: usize,
     /// Set by a failing thread so the others stop early.
     failed: AtomicBool,
 }
@@ -311,6 +317,7 @@ pub fn run(
         budget,
         deadline,
         next_insert,
+        value_len: spec.value_len.max(16),
         failed: AtomicBool::new(false),
     };
     let results: Vec<Result<(u64, Instant), BoxError>> = std::thread::scope(|s| {
@@ -358,7 +365,7 @@ fn worker(sh: &Shared<'_>, gen: OpGen) -> Result<(u64, Instant), BoxError> {
         }
         (_, op) => op,
     });
-    let mut value = [0u8; VALUE_LEN];
+    let mut value = vec![0u8; sh.value_len];
     let mut out = Vec::with_capacity(4096);
     let mut count = 0u64;
     for op in ops.take(sh.budget.min(usize::MAX as u64) as usize) {
@@ -378,15 +385,16 @@ fn worker(sh: &Shared<'_>, gen: OpGen) -> Result<(u64, Instant), BoxError> {
 fn execute(
     engine: &dyn Engine,
     op: Op,
-    value: &mut [u8; VALUE_LEN],
+    value: &mut [u8],
     out: &mut Vec<u8>,
 ) -> Result<(), BoxError> {
+    let value_len = value.len();
     let read = |i: u64, out: &mut Vec<u8>| -> Result<u64, BoxError> {
         if !engine.get(&key(i), out)? {
             return Err(format!("{}: record {i} is missing", engine.name()).into());
         }
         match decode_value(out) {
-            Some((r, version)) if r == i => Ok(version),
+            Some((r, version)) if r == i && out.len() == value_len => Ok(version),
             _ => Err(format!("{}: record {i} has a wrong value", engine.name()).into()),
         }
     };
