@@ -124,6 +124,16 @@ impl Shared {
         Ok(node)
     }
 
+    /// Whether a lookup of `key` served from a disk leaf caches its answer: always on the
+    /// key's second miss within the doorkeeper's window (`admit.rs`), and on a first miss
+    /// with the configured probability, so a cold cache still fills quickly. Never when the
+    /// probability is 0 (promotion off).
+    fn promotes(&self, key: &[u8]) -> bool {
+        let p = self.config.promotion_percent;
+        // The doorkeeper goes first: it must see every miss to count second ones.
+        p > 0 && (self.doorkeeper.admit(key) || p > percent_roll())
+    }
+
     /// Looks `key` up in a read-locked leaf. Returns the value and whether a promotion
     /// found the buffer full (the caller evicts after releasing the lock).
     pub(super) fn get_in_leaf(
@@ -174,7 +184,7 @@ impl Shared {
                 .get(key)
                 .and_then(|(_, kind, v)| kind.exists().then(|| v.to_vec()));
             let mut wants_room = false;
-            if self.config.promotion_percent > percent_roll() {
+            if self.promotes(key) {
                 if let Ok(mut w) = page.try_upgrade() {
                     let (v, kind) = match &value {
                         Some(v) => (v.as_slice(), RecordKind::Cache),

@@ -14,6 +14,7 @@
 //! - Nobody evicts while holding a leaf lock: an operation that cannot allocate releases its
 //!   locks, evicts one block, and restarts.
 
+mod admit;
 mod background;
 #[cfg(any(test, feature = "internals"))]
 mod check;
@@ -67,6 +68,8 @@ pub(crate) struct Shared {
     smo_version: AtomicU64,
     pub(crate) pages: persist::PageTracker,
     pub(crate) counters: Counters,
+    /// Which disk reads promote their record (`admit.rs`).
+    pub(crate) doorkeeper: admit::Doorkeeper,
     closed: AtomicBool,
     dir: Option<persist::DirLock>,
     /// The write-ahead log of a file-backed tree (opened even under `Durability::None`, so
@@ -289,6 +292,12 @@ impl Shared {
             wal,
             checkpoint_lsn: AtomicU64::new(checkpoint_lsn),
             limits: config.limits(),
+            // Without a store nothing is read from disk: the smallest filter does.
+            doorkeeper: admit::Doorkeeper::new(if store.is_some() {
+                config.cache_size
+            } else {
+                0
+            }),
             page_size: config.page_size,
             config,
             pool,
