@@ -22,9 +22,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bfkv::Durability;
+use bfkv_workload::runner::{self, BoxError, Engine, Outcome, RunSpec, Stop, Workload};
 use bfkv_workload::{Distribution, Phase, DEFAULT_THETA};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engines::{Bfkv, BoxError, Engine, MsBfTree, Outcome, RunSpec, Stop, Workload};
+use engines::{Bfkv, MsBfTree};
 
 /// Leaves the process with `e`: a failed engine operation invalidates the whole run, and
 /// criterion's timing closures cannot return errors.
@@ -46,7 +48,7 @@ fn env_count(name: &str, default: u64) -> u64 {
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
     Ok(match name {
-        "bfkv" => Box::new(Bfkv::open(dir, cache, None)?),
+        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::None, None)?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(cache)?),
         _ => Box::new(MsBfTree::open(dir, cache)?),
     })
@@ -78,7 +80,7 @@ fn compare(
             seed: 42,
         };
         let load = Workload::Phase(Phase::Load);
-        let out = or_exit(engines::run(
+        let out = or_exit(runner::run(
             engine.as_ref(),
             load,
             spec(2),
@@ -99,7 +101,7 @@ fn compare(
                             ops: iters,
                             time: None,
                         };
-                        let out = or_exit(engines::run(
+                        let out = or_exit(runner::run(
                             engine.as_ref(),
                             w,
                             spec(threads),
