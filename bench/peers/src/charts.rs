@@ -103,41 +103,62 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, BoxError> 
                 if threads == 1 { "" } else { "s" }
             );
             let stem = dir.join(format!("peers-r{regime}-t{threads}"));
-            let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
-            bars(
-                SVGBackend::new(&svg, BAR_SIZE).into_drawing_area(),
-                &title,
-                &runs,
-            )?;
-            bars(
-                BitMapBackend::new(&png, BAR_SIZE).into_drawing_area(),
-                &title,
-                &runs,
-            )?;
+            svg_and_png(&stem, BAR_SIZE, &Bars { title, runs: &runs })?;
             written.push(stem);
             let title = format!(
                 "Regime {regime}, {threads} thread{}: share of the best",
                 if threads == 1 { "" } else { "s" }
             );
             let stem = dir.join(format!("peers-radar-r{regime}-t{threads}"));
-            let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
-            radar(
-                SVGBackend::new(&svg, RADAR_SIZE).into_drawing_area(),
-                &title,
-                &runs,
-            )?;
-            radar(
-                BitMapBackend::new(&png, RADAR_SIZE).into_drawing_area(),
-                &title,
-                &runs,
-            )?;
+            svg_and_png(&stem, RADAR_SIZE, &Radar { title, runs: &runs })?;
             written.push(stem);
         }
     }
     Ok(written)
 }
 
+/// A chart that can be drawn on any plotters backend.
+trait Chart {
+    /// Draws the chart on `root`.
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), BoxError>;
+}
+
+/// Draws `chart` into `<stem>.svg` and `<stem>.png`.
+fn svg_and_png(stem: &Path, size: (u32, u32), chart: &impl Chart) -> Result<(), BoxError> {
+    let (svg, png) = (stem.with_extension("svg"), stem.with_extension("png"));
+    chart.draw(SVGBackend::new(&svg, size).into_drawing_area())?;
+    chart.draw(BitMapBackend::new(&png, size).into_drawing_area())
+}
+
 /// Grouped bars: one group per phase, one bar per engine, log-scale ops/s.
+struct Bars<'a> {
+    /// Caption.
+    title: String,
+    /// One engine each.
+    runs: &'a [RunResult],
+}
+
+impl Chart for Bars<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), BoxError> {
+        bars(root, &self.title, self.runs)
+    }
+}
+
+/// The radar of lookup / scan / update.
+struct Radar<'a> {
+    /// Caption.
+    title: String,
+    /// One engine each.
+    runs: &'a [RunResult],
+}
+
+impl Chart for Radar<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), BoxError> {
+        radar(root, &self.title, self.runs)
+    }
+}
+
+/// Draws [`Bars`].
 fn bars<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,
@@ -239,7 +260,7 @@ pub fn radar_shares(runs: &[RunResult]) -> Vec<(String, Vec<f64>)> {
         .collect()
 }
 
-/// The radar: rings at 25 % steps, one axis per operation, one polygon per engine.
+/// Draws [`Radar`]: rings at 25 % steps, one axis per operation, one polygon per engine.
 fn radar<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,

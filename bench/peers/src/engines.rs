@@ -72,6 +72,18 @@ pub fn settings(name: &str) -> &'static str {
     }
 }
 
+/// Copies a found value into `out`; whether there was one.
+fn found(value: Option<impl AsRef<[u8]>>, out: &mut Vec<u8>) -> bool {
+    match value {
+        Some(v) => {
+            out.clear();
+            out.extend_from_slice(v.as_ref());
+            true
+        }
+        None => false,
+    }
+}
+
 /// Checks a scanned value's format.
 fn check(v: &[u8], engine: &str) -> Result<(), BoxError> {
     decode_value(v)
@@ -140,14 +152,7 @@ impl Engine for Rocks {
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
-        match self.db.get_pinned(key)? {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(&v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(found(self.db.get_pinned(key)?, out))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {
@@ -201,14 +206,7 @@ impl Engine for Redb {
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
         let r = self.0.begin_read()?;
         let table = r.open_table(REDB_TABLE)?;
-        match table.get(key)? {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(v.value());
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(found(table.get(key)?.as_ref().map(|v| v.value()), out))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {
@@ -260,14 +258,7 @@ impl Engine for Fjall {
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
-        match self.ks.get(key)? {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(&v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(found(self.ks.get(key)?, out))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {
@@ -327,14 +318,7 @@ impl Engine for Lmdb {
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
         let r = self.env.read_txn()?;
-        match self.db.get(&r, key)? {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(found(self.db.get(&r, key)?, out))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {
@@ -381,14 +365,7 @@ impl Engine for Sled {
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
-        match self.0.get(key)? {
-            Some(v) => {
-                out.clear();
-                out.extend_from_slice(&v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(found(self.0.get(key)?, out))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {

@@ -297,22 +297,29 @@ Disk traffic comes from `/proc/self/io` (`read_bytes`, `write_bytes`: what reach
         if report.runs.iter().all(|r| r.peak_reset) { "" } else { "; **the reset failed for some runs, whose peaks include earlier phases**" }
     );
     let threads = thread_counts(report);
-    let _ = writeln!(
-        s,
-        "### Regime 1: equal budget ({} MiB), direct I/O\n",
-        fmt_mib(report.cache)
-    );
-    for &t in &threads {
-        regime_block(&mut s, report, 1, t);
-    }
-    let _ = writeln!(s, "### Regime 2: equal footprint\n");
-    let _ = writeln!(
-        s,
-        "The buffered peers run first, each with its own cache at {} MiB (LMDB has none); bfkv then gets a cache equal to the smallest footprint any of them reached in any phase at the same thread count.\n",
-        fmt_mib(report.cache)
-    );
-    for &t in &threads {
-        regime_block(&mut s, report, 2, t);
+    let regimes = [
+        (
+            1u8,
+            format!("### Regime 1: equal budget ({} MiB), direct I/O\n", fmt_mib(report.cache)),
+            String::new(),
+        ),
+        (
+            2u8,
+            "### Regime 2: equal footprint\n".to_string(),
+            format!(
+                "The buffered peers run first, each with its own cache at {} MiB (LMDB has none); bfkv then gets a cache equal to the smallest footprint any of them reached in any phase at the same thread count.\n",
+                fmt_mib(report.cache)
+            ),
+        ),
+    ];
+    for (regime, heading, intro) in regimes {
+        let _ = writeln!(s, "{heading}");
+        if !intro.is_empty() {
+            let _ = writeln!(s, "{intro}");
+        }
+        for &t in &threads {
+            regime_block(&mut s, report, regime, t);
+        }
     }
     let _ = writeln!(s, "### Lookup / scan / update\n");
     let _ = writeln!(
@@ -439,6 +446,59 @@ mod tests {
         // Markers in the wrong order are not trusted: append instead of cutting text out.
         let odd = format!("{END}\nkeep\n{BEGIN}\n");
         assert!(replace_section(&odd, "x").starts_with(&odd));
+    }
+
+    /// A one-phase run of `engine` at `ops_per_sec`.
+    fn run(engine: &str, regime: u8, phase: &str, ops_per_sec: f64) -> RunResult {
+        RunResult {
+            engine: engine.into(),
+            regime,
+            threads: 1,
+            records: 1,
+            cache: 1 << 20,
+            dist: "zipf 0.9".into(),
+            peak_reset: true,
+            phases: vec![PhaseResult {
+                phase: phase.into(),
+                ops: 1,
+                secs: 1.0,
+                ops_per_sec,
+                peak_rss: 0,
+                page_cache: 0,
+                mapped: 0,
+                footprint: 0,
+                read_bytes: None,
+                write_bytes: None,
+                engine_pages: None,
+                disk_bytes: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn repetitions_merge_to_the_median_and_laggards_are_listed() {
+        let report = Report {
+            runs: vec![
+                run("bfkv", 1, "C", 100.0),
+                run("bfkv", 1, "C", 300.0),
+                run("bfkv", 1, "C", 200.0),
+                run("rocksdb", 1, "C", 250.0),
+                run("bf-tree", 1, "C", 150.0),
+                run("lmdb", 2, "C", 90.0),
+                run("bfkv", 2, "C", 80.0),
+            ],
+            ..Report::default()
+        };
+        let bfkv = find(&report, 1, "bfkv", 1).unwrap();
+        assert_eq!(bfkv.phase("C").unwrap().ops_per_sec, 200.0);
+        let lag = behind(&report);
+        assert_eq!(lag.len(), 2, "{lag:?}");
+        assert_eq!((lag[0].0, lag[0].3.as_str()), (1, "rocksdb"));
+        assert!((lag[0].4 - 1.25).abs() < 1e-9);
+        assert_eq!((lag[1].0, lag[1].3.as_str()), (2, "lmdb"));
+        let text = section(&report);
+        assert!(text.contains("| YCSB-C | 200 | 150 | 250 |"), "{text}");
+        assert!(text.contains("**0.80**"), "{text}");
     }
 
     #[test]
