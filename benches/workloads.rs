@@ -58,13 +58,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bfkv::{Config, Durability, Tree};
+use bfkv_workload::runner::{self, BoxError, Outcome, RunSpec, Stop, Workload};
 use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, KEY_LEN, VALUE_LEN, VALUE_LEN_LARGE};
 use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode,
     Throughput,
 };
-use engines::{Bfkv, BoxError, Outcome, RunSpec, Stop, Workload};
+use engines::Bfkv;
 use report::{accumulate, env_count, or_exit, report};
 use tempfile::TempDir;
 
@@ -174,7 +175,7 @@ impl Dataset {
             time: None,
         };
         let load = Workload::Phase(Phase::Load);
-        let out = engines::run(&engine, load, spec, all, &next_insert)?;
+        let out = runner::run(&engine, load, spec, all, &next_insert)?;
         let loaded = Loaded {
             engine,
             _dir: dir,
@@ -258,7 +259,7 @@ fn bench_workloads(
                             ops: iters,
                             time: None,
                         };
-                        let out = or_exit(engines::run(
+                        let out = or_exit(runner::run(
                             &loaded.engine,
                             work,
                             spec,

@@ -24,15 +24,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bfkv::Durability;
+use bfkv_workload::runner::{self, BoxError, Engine, Outcome, RunSpec, Stop, Workload};
 use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, VALUE_LEN};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engines::{Bfkv, BoxError, Engine, MsBfTree, Outcome, RunSpec, Stop, Workload};
+use engines::{Bfkv, MsBfTree};
 use report::{accumulate, env_count, or_exit, report};
 
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
     Ok(match name {
-        "bfkv" => Box::new(Bfkv::open(dir, cache, None)?),
+        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::None, None)?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(cache)?),
         _ => Box::new(MsBfTree::open(dir, cache)?),
     })
@@ -65,7 +67,7 @@ fn compare(
             value_len: VALUE_LEN,
         };
         let load = Workload::Phase(Phase::Load);
-        let out = or_exit(engines::run(
+        let out = or_exit(runner::run(
             engine.as_ref(),
             load,
             spec(2),
@@ -86,7 +88,7 @@ fn compare(
                             ops: iters,
                             time: None,
                         };
-                        let out = or_exit(engines::run(
+                        let out = or_exit(runner::run(
                             engine.as_ref(),
                             w,
                             spec(threads),

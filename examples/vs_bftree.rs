@@ -21,9 +21,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, VALUE_LEN};
+use bfkv::Durability;
+use bfkv_workload::runner::{self, BoxError, Engine, RunSpec, Stop, Workload};
+use bfkv_workload::{Distribution, Phase, DEFAULT_THETA};
 use clap::Parser;
-use engines::{Bfkv, BoxError, Engine, MsBfTree, RunSpec, Stop, Workload};
+use engines::{Bfkv, MsBfTree};
 
 /// bfkv vs bf-tree 0.5.7 on the WORKLOADS.md phases.
 #[derive(Parser, Debug, Clone)]
@@ -121,6 +123,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
         "bfkv" => Box::new(Bfkv::open(
             dir.path(),
             args.cache_size,
+            Durability::None,
             args.bfkv_promotion,
         )?),
         "bf-tree" => Box::new(MsBfTree::open(dir.path(), args.cache_size)?),
@@ -133,7 +136,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
         threads,
         dist: Distribution::Zipf(DEFAULT_THETA),
         seed: 42,
-        value_len: VALUE_LEN,
+        value_len: bfkv_workload::VALUE_LEN,
     };
     let stop = match args.ops {
         Some(ops) => Stop { ops, time: None },
@@ -150,7 +153,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
     let mut work = vec![(Workload::Phase(Phase::Load), load_stop)];
     work.extend(args.workloads.iter().map(|&w| (w, stop)));
     for (w, stop) in work {
-        let out = engines::run(engine.as_ref(), w, spec, stop, &next_insert)?;
+        let out = runner::run(engine.as_ref(), w, spec, stop, &next_insert)?;
         let (pr, pw) = out.proc_pages_per_op().unwrap_or((f64::NAN, f64::NAN));
         let (lr, lw) = out.leaf_pages_per_op().unwrap_or((f64::NAN, f64::NAN));
         println!(

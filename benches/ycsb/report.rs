@@ -2,7 +2,7 @@
 //! `benches/workloads.rs`) share besides the runner itself: settings from the environment,
 //! leaving on a failed run, and the disk-traffic line printed after each benchmark.
 
-use crate::engines::{BoxError, Outcome};
+use bfkv_workload::runner::{BoxError, Outcome};
 
 /// Leaves the process with `e`: a failed engine operation invalidates the whole run, and
 /// criterion's timing closures cannot return errors.

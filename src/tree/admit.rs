@@ -79,7 +79,11 @@ mod tests {
         assert!(d.admit(b"alpha"));
         assert!(d.admit(b"alpha"));
         assert!(!d.admit(b"beta"));
-        assert_eq!(d.words.len() * 8, (1 << 16) / 8, "1 bit per 16 bytes of cache");
+        assert_eq!(
+            d.words.len() * 8,
+            (1 << 16) / 8,
+            "1 bit per 16 bytes of cache"
+        );
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! - [`Rng`]: a tiny seeded generator with a fixed algorithm, so a seed means the same
 //!   operations on every platform and every version of this crate's dependencies.
 //! - [`Phase`] and [`OpGen`]: the phases L/A/B/C/E/F/U as a stream of [`Op`]s.
+//! - [`runner`]: the [`runner::Engine`] trait and the multi-threaded runner that drives an
+//!   engine with those operations.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod ops;
+pub mod runner;
 mod zipf;
 
 pub use ops::{load_range, Distribution, Op, OpGen, Phase};
