@@ -185,13 +185,19 @@ impl LogFile for StdFile {
         // locked), and this process only truncates a segment at open, before mapping it,
         // or unlinks it, which leaves a mapping valid. Concurrent `pread`s of the segment
         // copy bytes in the kernel and hold no reference into the mapping.
-        unsafe {
+        let map = unsafe {
             memmap2::MmapOptions::new()
                 .offset(offset)
                 .len(len)
                 .map_mut(&self.0)
         }
-        .ok()
+        .ok()?;
+        // No read-ahead on faults: with it the kernel backs the window with large folios,
+        // and one record stored into a folio dirties all of it, so every background sync
+        // wrote ~1.2 MiB for ~0.4 MiB of records (measured with `/proc/self/io`). Single
+        // pages keep the write-back to what was written. Advice only: failure is harmless.
+        let _ = map.advise(memmap2::Advice::Random);
+        Some(map)
     }
 }
 
