@@ -2,7 +2,7 @@
 //! fsyncs per operation), `Buffered` against `None` on YCSB-A, the writers' pause during a
 //! checkpoint of a large dirty cache, and recovery time for 1M logged operations.
 //!
-//! Run: `cargo run --release --example durability -- [sync|ycsb|pause|recovery|all]`.
+//! Run: `cargo run --release --example durability -- [sync|ycsb [threads]|pause|recovery|all]`.
 //! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
 
 use std::path::{Path, PathBuf};
@@ -299,7 +299,12 @@ fn main() {
         }
     }
     if matches!(what, "ycsb" | "all") {
-        for threads in [1, 2] {
+        // `durability ycsb 2` runs only the 2-thread comparison (for profiling).
+        let threads: Vec<usize> = match args.get(1).and_then(|t| t.parse().ok()) {
+            Some(t) => vec![t],
+            None => vec![1, 2],
+        };
+        for threads in threads {
             ycsb_a_paired(200_000, 21, 1_000_000, threads);
         }
     }
