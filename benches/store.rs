@@ -10,8 +10,8 @@
 //! On a shared machine the device's speed drifts within seconds, so ratios of criterion
 //! results measured one after another are noisy. `BFKV_STORE_PAIRED=<rounds>` runs a paired
 //! comparison instead: each round runs 60 batches of the bare loop, the fixed bare loop, the
-//! store and pread back to back at depth 32 and 64, and the medians of the per-round
-//! throughputs and ratios are printed.
+//! store and pread back to back at depth 32 and 64 (in reverse order every other round), and
+//! the medians of the per-round throughputs and ratios are printed.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::os::fd::AsRawFd;
@@ -213,27 +213,36 @@ fn paired(rounds: usize) {
         let mut batch = vec![0u64; depth];
         // Per round, pages per second of: bare, fixed, store, pread.
         let mut iops: [Vec<f64>; 4] = Default::default();
-        for _ in 0..rounds {
-            let n = (BATCHES * depth) as f64;
-            let t = Instant::now();
-            (0..BATCHES).for_each(|_| bare.batch(&mut rng, first, pages));
-            iops[0].push(n / t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            (0..BATCHES).for_each(|_| fixed.batch(&mut rng, first, pages));
-            iops[1].push(n / t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for _ in 0..BATCHES {
-                batch
-                    .iter_mut()
-                    .for_each(|p| *p = first + rng.gen_range(0..pages));
-                store.read_batch(&batch).expect("read_batch");
+        let n = (BATCHES * depth) as f64;
+        for round in 0..rounds {
+            // Odd rounds run the four in reverse order, so a device that speeds up or slows
+            // down within a round favours none of them.
+            let order: [usize; 4] = if round % 2 == 0 {
+                [0, 1, 2, 3]
+            } else {
+                [3, 2, 1, 0]
+            };
+            for which in order {
+                let t = Instant::now();
+                match which {
+                    0 => (0..BATCHES).for_each(|_| bare.batch(&mut rng, first, pages)),
+                    1 => (0..BATCHES).for_each(|_| fixed.batch(&mut rng, first, pages)),
+                    2 => {
+                        for _ in 0..BATCHES {
+                            batch
+                                .iter_mut()
+                                .for_each(|p| *p = first + rng.gen_range(0..pages));
+                            store.read_batch(&batch).expect("read_batch");
+                        }
+                    }
+                    _ => {
+                        for _ in 0..BATCHES * depth {
+                            pread.read(first + rng.gen_range(0..pages)).expect("read");
+                        }
+                    }
+                }
+                iops[which].push(n / t.elapsed().as_secs_f64());
             }
-            iops[2].push(n / t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for _ in 0..BATCHES * depth {
-                pread.read(first + rng.gen_range(0..pages)).expect("read");
-            }
-            iops[3].push(n / t.elapsed().as_secs_f64());
         }
         let ratio =
             |a: usize, b: usize| median((0..rounds).map(|r| iops[a][r] / iops[b][r]).collect());
