@@ -119,16 +119,25 @@ struct Row {
 fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base)?;
-    let engine: Box<dyn Engine> = match engine_name {
-        "bfkv" => Box::new(Bfkv::open(
+    let bfkv = match engine_name {
+        "bfkv" => Some(Bfkv::open(
             dir.path(),
             args.cache_size,
             Durability::None,
             args.bfkv_promotion,
         )?),
-        "bf-tree" => Box::new(MsBfTree::open(dir.path(), args.cache_size)?),
-        "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(args.cache_size)?),
+        _ => None,
+    };
+    let peer: Option<MsBfTree> = match engine_name {
+        "bfkv" => None,
+        "bf-tree" => Some(MsBfTree::open(dir.path(), args.cache_size)?),
+        "bf-tree-cache-only" => Some(MsBfTree::open_cache_only(args.cache_size)?),
         other => return Err(format!("unknown engine {other}").into()),
+    };
+    let engine: &dyn Engine = match (&bfkv, &peer) {
+        (Some(b), _) => b,
+        (_, Some(p)) => p,
+        _ => return Err("no engine".into()),
     };
     let threads = args.threads.first().copied().unwrap_or(1);
     let spec = RunSpec {
@@ -153,7 +162,13 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
     let mut work = vec![(Workload::Phase(Phase::Load), load_stop)];
     work.extend(args.workloads.iter().map(|&w| (w, stop)));
     for (w, stop) in work {
-        let out = runner::run(engine.as_ref(), w, spec, stop, &next_insert)?;
+        let out = runner::run(engine, w, spec, stop, &next_insert)?;
+        // `BFKV_CENSUS=1` (with `--features internals`): where bfkv's cache is after each
+        // phase, on stderr.
+        #[cfg(feature = "internals")]
+        if let (Some(b), Some(_)) = (&bfkv, std::env::var_os("BFKV_CENSUS")) {
+            eprintln!("census after {}:\n{}", w.name(), b.0.census());
+        }
         let (pr, pw) = out.proc_pages_per_op().unwrap_or((f64::NAN, f64::NAN));
         let (lr, lw) = out.leaf_pages_per_op().unwrap_or((f64::NAN, f64::NAN));
         println!(

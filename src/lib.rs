@@ -36,6 +36,8 @@ pub mod internals {
     use crate::error::Result;
     use crate::store::{Backend, FileStore, PageBuf, PageStore, FIRST_DATA_PAGE};
 
+    pub use crate::tree::Census;
+
     /// A file page store with its own page buffers, for the store benchmark.
     #[derive(Debug)]
     pub struct StoreBench {

@@ -17,6 +17,8 @@
 mod admit;
 mod background;
 #[cfg(any(test, feature = "internals"))]
+mod census;
+#[cfg(any(test, feature = "internals"))]
 mod check;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod crash;
@@ -43,6 +45,8 @@ use crate::store::{PageBuf, PageStore};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, RcuCell};
 use crate::wal::{LogOp, Lsn, Wal};
 
+#[cfg(feature = "internals")]
+pub use census::Census;
 use inner::{Inner, Path, Seek};
 pub use scan::Range;
 use stats::Counters;
@@ -240,6 +244,13 @@ impl Tree {
     /// Counters describing what the tree has done so far (cheap to read).
     pub fn stats(&self) -> Stats {
         self.shared.stats()
+    }
+
+    /// Where the cache's bytes are right now (diagnosis; walks every leaf).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn census(&self) -> census::Census {
+        self.shared.census()
     }
 
     /// Wakes the evictors early when a write left the buffer short of room.
