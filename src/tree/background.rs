@@ -71,9 +71,9 @@ pub(crate) struct Background {
 }
 
 impl Shared {
-    /// Room below which evictors start: 1/16 of the buffer, at least four leaf pages.
+    /// Room below which evictors start: 1/32 of the buffer, at least four leaf pages.
     fn low_water(&self) -> usize {
-        (self.pool.capacity() / 16).max(4 * self.page_size)
+        (self.pool.capacity() / 32).max(4 * self.page_size)
     }
 
     /// Whether the buffer is short of room (cheap: two atomic loads).
