@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use std::ops::Range;
 
 use super::layout::{common_prefix_len, effective_prefix, stored_fences, FIXED_COST, META_SIZE};
-use super::{NoSpace, NodeKind, NodeMut, NodeRef, RecordKind, MAX_NODE, MIN_NODE};
+use super::{NoSpace, NodeKind, NodeMut, NodeRef, RecordKind};
 
 /// One record, owned, with its full key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,7 +67,7 @@ fn copy_into(
     clear_refs: bool,
     as_cache: bool,
 ) -> Result<(), NoSpace> {
-    if !dst.len().is_power_of_two() || !(MIN_NODE..=MAX_NODE).contains(&dst.len()) {
+    if !super::valid_size(dst.len()) {
         debug_assert!(false, "copy_filtered into a buffer of {} bytes", dst.len());
         return Err(NoSpace);
     }

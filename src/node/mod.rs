@@ -1,7 +1,10 @@
 //! The one page layout shared by leaf pages, mini-pages and inner nodes (paper §3.2, §3.5).
 //!
-//! A node is a byte slice whose length is a power of two from 64 B to 64 KiB. All integers
-//! are little-endian.
+//! A node is a byte slice of 64 B to 64 KiB, a multiple of 16 bytes ([`valid_size`]): pages
+//! (leaves and inner nodes, on disk or mirrored) are the page size, a power of two;
+//! mini-pages take the buffer pool's size classes, four per doubling. All integers are
+//! little-endian. `size_log2` is the size's log2 rounded down (exact for pages, which
+//! validation checks; mini-pages never leave memory).
 //!
 //! ```text
 //! 0      8          16        17    18     19      20     22          24         26       28     32
@@ -80,6 +83,11 @@ pub(crate) const HEADER_SIZE: usize = 32;
 pub(crate) const MIN_NODE: usize = 64;
 /// Largest node size (bounded by the 16-bit offsets).
 pub(crate) const MAX_NODE: usize = 65536;
+
+/// Whether `len` bytes can hold a node: 64 B to 64 KiB, a multiple of 16.
+pub(crate) fn valid_size(len: usize) -> bool {
+    len % 16 == 0 && (MIN_NODE..=MAX_NODE).contains(&len)
+}
 
 /// What a node is used as; stored in the header byte 17.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

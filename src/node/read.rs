@@ -7,7 +7,7 @@ use super::layout::{
     META_SIZE, OFF_COUNT, OFF_DATA_USED, OFF_DISK_PAGE, OFF_FLAGS, OFF_GARBAGE, OFF_KIND,
     OFF_PREFIX_LEN, TREE_FLAGS,
 };
-use super::{validate, CorruptNode, NodeKind, RecordKind, Search, HEADER_SIZE, MAX_NODE, MIN_NODE};
+use super::{validate, CorruptNode, NodeKind, RecordKind, Search, HEADER_SIZE};
 
 /// A read-only view of a node.
 #[derive(Clone, Copy)]
@@ -53,7 +53,7 @@ impl<'a> NodeRef<'a> {
     /// Bytes we built ourselves (mini-pages, inner nodes): cheap debug checks only, so that a
     /// lookup stays O(log n) in debug builds too.
     pub(crate) fn from_bytes(buf: &'a [u8]) -> NodeRef<'a> {
-        debug_assert!(buf.len().is_power_of_two() && (MIN_NODE..=MAX_NODE).contains(&buf.len()));
+        debug_assert!(super::valid_size(buf.len()));
         let node = NodeRef { buf };
         debug_assert!(
             FIXED_COST + node.len() * META_SIZE + node.data_used() <= buf.len(),

@@ -178,3 +178,49 @@ fn mini_from_mirror_keeps_only_referenced_records_as_cache() {
     assert_eq!(mini_from_mirror(src, &mut tiny), Err(NoSpace));
     assert!(tiny.iter().all(|&b| b == 0xEE));
 }
+
+#[test]
+fn mini_pages_of_any_size_class_hold_search_and_copy_their_records() {
+    // The pool's size classes between 64 B and 1 KiB, four per doubling.
+    let sizes = [
+        64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+    ];
+    for &size in &sizes {
+        assert!(valid_size(size));
+        let mut b = buf(size);
+        let mut node = NodeMut::init(&mut b, NodeKind::Mini, Some(b"key0000"), Some(b"key9999"));
+        assert_eq!(node.as_ref().size(), size);
+        let mut n = 0;
+        while node
+            .upsert(
+                format!("key{n:04}").as_bytes(),
+                &[n as u8; 5],
+                RecordKind::Insert,
+            )
+            .is_ok()
+        {
+            n += 1;
+        }
+        assert!(n > 0 || size < 96, "a {size}-byte node holds no record");
+        let view = node.as_ref();
+        assert!(view.used_bytes() <= size);
+        for i in 0..n {
+            let key = format!("key{i:04}");
+            let (_, kind, value) = view.get(key.as_bytes()).expect("stored record");
+            assert_eq!((kind, value), (RecordKind::Insert, &[i as u8; 5][..]));
+        }
+        // Copy into every other size: the copy succeeds exactly when the records fit.
+        for &to in &sizes {
+            let mut dst = buf(to);
+            let need = filtered_len(view, |_, _| true);
+            let copied = copy_filtered(view, &mut dst, |_, _| true, false);
+            assert_eq!(copied.is_ok(), need <= to, "{size} -> {to}, need {need}");
+            if copied.is_ok() {
+                let c = NodeRef::from_bytes(&dst);
+                assert_eq!(c.len(), n);
+                assert_eq!(c.size(), to);
+            }
+        }
+    }
+    assert!(!valid_size(72) && !valid_size(48) && !valid_size(65552));
+}

@@ -8,7 +8,7 @@ use super::layout::{
     MAX_VALUE_FIELD, META_SIZE, OFF_COUNT, OFF_DATA_USED, OFF_DISK_PAGE, OFF_FLAGS, OFF_FORMAT,
     OFF_GARBAGE, OFF_KIND, OFF_PREFIX_LEN, OFF_RESERVED, OFF_SIZE_LOG2, TREE_FLAGS,
 };
-use super::{NoSpace, NodeKind, NodeRef, RecordKind, Search, HEADER_SIZE, MAX_NODE, MIN_NODE};
+use super::{NoSpace, NodeKind, NodeRef, RecordKind, Search, HEADER_SIZE};
 
 thread_local! {
     /// Compaction copies the data region here first; reused so compaction does not allocate
@@ -26,7 +26,7 @@ impl<'a> NodeMut<'a> {
     /// Formats `buf` as an empty node; `low`/`high` `None` = infinite.
     ///
     /// # Panics
-    /// If `buf.len()` is not a power of two from 64 to 65536 (a caller bug); in debug builds
+    /// If `buf.len()` is not a valid node size ([`super::valid_size`]: a caller bug); in debug builds
     /// also if `low >= high`.
     pub(crate) fn init(
         buf: &'a mut [u8],
@@ -35,8 +35,8 @@ impl<'a> NodeMut<'a> {
         high: Option<&[u8]>,
     ) -> NodeMut<'a> {
         assert!(
-            buf.len().is_power_of_two() && (MIN_NODE..=MAX_NODE).contains(&buf.len()),
-            "node size {} is not a power of two from 64 to 65536",
+            super::valid_size(buf.len()),
+            "node size {} is not a multiple of 16 from 64 to 65536",
             buf.len()
         );
         if let (Some(l), Some(h)) = (low, high) {
@@ -52,7 +52,7 @@ impl<'a> NodeMut<'a> {
 
     /// A view of bytes we built ourselves.
     pub(crate) fn from_bytes(buf: &'a mut [u8]) -> NodeMut<'a> {
-        debug_assert!(buf.len().is_power_of_two() && (MIN_NODE..=MAX_NODE).contains(&buf.len()));
+        debug_assert!(super::valid_size(buf.len()));
         NodeMut { buf }
     }
 
@@ -76,7 +76,7 @@ impl<'a> NodeMut<'a> {
             return false;
         }
         write_u64(self.buf, OFF_DISK_PAGE, u64::MAX);
-        self.buf[OFF_SIZE_LOG2] = size.trailing_zeros() as u8;
+        self.buf[OFF_SIZE_LOG2] = size.ilog2() as u8;
         self.buf[OFF_KIND] = kind as u8;
         self.buf[OFF_FLAGS] = if low.is_none() { FLAG_LOW_INF } else { 0 }
             | if high.is_none() { FLAG_HIGH_INF } else { 0 };

@@ -13,11 +13,6 @@ use super::stats::bump;
 use super::{BlockAddr, BufferPool, PageId};
 use crate::sync::Ordering;
 
-/// Smallest and largest usable block size (bytes): a 64-byte mini-page up to a 64 KiB leaf.
-pub(crate) const MIN_BLOCK: usize = 64;
-/// See [`MIN_BLOCK`].
-pub(crate) const MAX_BLOCK: usize = 64 << 10;
-
 /// A freshly allocated block, not yet reachable from any mapping entry. Dropping it returns
 /// the memory to the pool.
 pub(crate) struct NewBlock<'a> {
@@ -103,16 +98,16 @@ impl Drop for DetachedBlock<'_> {
 }
 
 impl BufferPool {
-    /// Allocates a block whose usable bytes are `size` (a power of two, 64..=65536), tagged
+    /// Allocates a block whose usable bytes are `size` (a class size: `block_size_for`), tagged
     /// with `owner`: from the size class's free lists first, else the tail. `None` when the
     /// buffer is full (the caller releases its page locks, calls `evict_one`, and retries) or
     /// when a block of that size cannot fit the buffer at all.
     ///
-    /// Panics if `size` is not a power of two in range: node sizes are fixed by the tree.
+    /// Panics if `size` is not a class size: node sizes are fixed by the tree.
     pub(crate) fn alloc(&self, size: usize, owner: PageId) -> Option<NewBlock<'_>> {
         assert!(
-            size.is_power_of_two() && (MIN_BLOCK..=MAX_BLOCK).contains(&size),
-            "block size {size} is not a power of two in 64..=65536"
+            super::size::class_of(size).is_some(),
+            "block size {size} is not a size class in 64..=65536"
         );
         let shard = my_shard();
         let stripe = &self.counters.stripes[shard];

@@ -9,8 +9,7 @@
 use super::ring::{header, Ring};
 use crate::sync::{AtomicUsize, Mutex, Ordering};
 
-/// Size classes: usable sizes 64, 128, ..., 65536.
-pub(super) const CLASSES: usize = 11;
+use super::size::CLASSES;
 /// Shards per class; a thread pushes to its own and pops from its own first.
 pub(super) const SHARDS: usize = 8;
 /// End of a list.
@@ -30,9 +29,12 @@ pub(super) struct FreeLists {
     shards: Box<[Shard]>,
 }
 
-/// The size class of a usable size (a power of two, 64..=65536).
+/// The size class of a block's usable size. Blocks are only ever allocated at class sizes
+/// (`alloc` checks), so every block has one.
 pub(super) fn class_of(size: u64) -> usize {
-    (size.trailing_zeros() - 6) as usize
+    let class = usize::try_from(size).ok().and_then(super::size::class_of);
+    debug_assert!(class.is_some(), "block of {size} bytes is not a class size");
+    class.unwrap_or(0)
 }
 
 /// The shard this thread prefers (threads are numbered round-robin on first use).

@@ -1,7 +1,7 @@
 //! A safe, lifetime-free driver over the pool for the fuzz targets (feature `internals`):
 //! pages are named by id, and every operation keeps the pool's ownership rules.
 
-use super::alloc::MIN_BLOCK;
+use super::size::{class_size, CLASSES};
 use super::{BufferPool, EvictGuard, Location};
 use crate::error::{Error, Result};
 
@@ -25,10 +25,10 @@ impl PoolHarness {
             .page_id()
     }
 
-    /// Gives `pid` a new mini-page of `64 << class` bytes holding `bytes` repeated (the old
+    /// Gives `pid` a new mini-page of size class `class` (modulo the class count) holding `bytes` repeated (the old
     /// one is freed). False, with nothing changed, if the buffer is full.
     pub fn remap(&self, pid: u32, class: u8, bytes: &[u8]) -> bool {
-        let size = MIN_BLOCK << (class % 11);
+        let size = class_size(usize::from(class) % CLASSES);
         let Some(mut block) = self.pool.alloc(size, pid) else {
             return false;
         };
@@ -61,10 +61,12 @@ impl PoolHarness {
         true
     }
 
-    /// Allocates a block of `64 << class` bytes and returns it at once (one alloc + dealloc
+    /// Allocates a block of size class `class` (modulo the class count) and returns it at once (one alloc + dealloc
     /// pair, for the benchmark). False if the buffer was full.
     pub fn alloc_and_free(&self, class: u8) -> bool {
-        self.pool.alloc(MIN_BLOCK << (class % 11), 0).is_some()
+        self.pool
+            .alloc(class_size(usize::from(class) % CLASSES), 0)
+            .is_some()
     }
 
     /// Takes and releases `pid`'s lock (shared or exclusive), for the benchmark.

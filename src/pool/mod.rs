@@ -23,6 +23,7 @@ pub(crate) mod harness;
 mod latch;
 mod mapping;
 mod ring;
+mod size;
 mod stats;
 
 #[cfg(all(test, feature = "shuttle"))]
@@ -35,6 +36,7 @@ mod tests;
 pub(crate) use evict::EvictGuard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
 pub(crate) use latch::MAX_DISK_PAGE;
+pub(crate) use size::block_size_for;
 pub(crate) use stats::PoolStats;
 
 use crate::error::{Error, Result};

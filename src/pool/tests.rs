@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 
-use super::alloc::MAX_BLOCK;
 use super::*;
 use crate::error::Error;
+
+/// Largest usable block size (bytes): a 64 KiB leaf.
+const MAX_BLOCK: usize = 64 << 10;
 
 /// Gives `pid` a new mini-page of `size` bytes filled with `byte`; the old one is returned.
 fn remap(pool: &BufferPool, pid: PageId, size: usize, byte: u8) -> bool {

@@ -33,7 +33,7 @@ pub struct Census {
     pub mirror_records: u64,
     /// Mirror records whose reference bit is set.
     pub mirror_referenced: u64,
-    /// Mini-pages per block size, 64 B to 64 KiB (index = log2(size) - 6).
+    /// Mini-pages per block size, 64 B to 64 KiB (index = floor(log2(size)) - 6).
     pub mini_sizes: [u64; 11],
     /// The buffer's capacity.
     pub capacity: u64,
@@ -66,7 +66,7 @@ impl Shared {
             c.minis += 1;
             c.mini_bytes += node.size() as u64;
             c.mini_used += node.used_bytes() as u64;
-            let class = (node.size().trailing_zeros() as usize).saturating_sub(6);
+            let class = (node.size().ilog2() as usize).saturating_sub(6);
             if let Some(n) = c.mini_sizes.get_mut(class) {
                 *n += 1;
             }
@@ -200,6 +200,9 @@ mod tests {
         let node = NodeRef::from_bytes(page.mini().expect("still cached"));
         assert_eq!(node.len(), 1, "only the referenced record stays");
         assert!(node.size() < size, "the copy kept its {size}-byte block");
-        assert_eq!(node.size(), node.used_bytes().next_power_of_two().max(64));
+        assert_eq!(
+            Some(node.size()),
+            crate::pool::block_size_for(node.used_bytes())
+        );
     }
 }

@@ -311,13 +311,19 @@ impl Shared {
             if node.upsert(key, value, kind).is_ok() {
                 return Ok(Ok(Written::Done));
             }
-            // Full: grow by doubling up to the merge threshold, else merge into a mirror.
-            let mut grown = size * 2;
-            while grown <= self.config.merge_threshold && !fits_in(node.as_ref(), grown, key, value)
-            {
-                grown *= 2;
+            // Full: grow to the smallest size class holding half as much again (and the new
+            // record) up to the merge threshold, else merge into a mirror. Classes four per
+            // doubling keep mini-pages fuller than doubling did (`pool::size`).
+            let need = needed(node.as_ref(), key, value);
+            let threshold = self.config.merge_threshold;
+            let grown = match crate::pool::block_size_for((size + size / 2).max(need)) {
+                Some(g) if g <= threshold => Some(g),
+                // Short of half as much again, the last class under the threshold still
+                // takes this record: use it before turning into a mirror.
+                _ => largest_class_within(threshold).filter(|&g| g > size && need <= g),
             }
-            if grown <= self.config.merge_threshold {
+            .unwrap_or(usize::MAX);
+            if grown <= threshold {
                 match self.grow(page, grown)? {
                     Ok(()) => continue,
                     Err(r) => return Ok(Err(r)),
@@ -356,9 +362,8 @@ impl Shared {
         if kind == RecordKind::Tombstone && disk == NO_PAGE {
             return Ok(Ok(Written::Done));
         }
-        let size = (MINI_OVERHEAD + key.len() + value.len())
-            .next_power_of_two()
-            .clamp(node::MIN_NODE, self.page_size);
+        let size = crate::pool::block_size_for(MINI_OVERHEAD + key.len() + value.len())
+            .map_or(self.page_size, |s| s.min(self.page_size));
         let Some(mut block) = self.pool.alloc(size, page.page_id()) else {
             return Ok(Err(Restart::NeedSpace));
         };
@@ -629,7 +634,7 @@ impl Shared {
             .filter(|_| mirror && node.flags() & FLAG_DIRTY == 0)
         {
             let need = node::filtered_len(node, |_, referenced| referenced);
-            let size = need.next_power_of_two().max(node::MIN_NODE);
+            let size = crate::pool::block_size_for(need).unwrap_or(usize::MAX);
             if size < node.size() {
                 self.shrink_mirror(page, disk, size);
                 return;
@@ -638,12 +643,12 @@ impl Shared {
         let keep = |kind: RecordKind, referenced: bool| mirror || kind.is_dirty() || referenced;
         // A mini-page moves into the smallest block its kept records fit: dropping cold
         // records without shrinking left the moved mini-pages 61 % full on a steady YCSB-C
-        // (`BFKV_CENSUS`), where power-of-two blocks alone leave them ~70 % full.
+        // (`BFKV_CENSUS`).
         let size = if mirror {
             node.size()
         } else {
             let need = node::filtered_len(node, keep);
-            need.next_power_of_two().clamp(node::MIN_NODE, node.size())
+            crate::pool::block_size_for(need).map_or(node.size(), |s| s.min(node.size()))
         };
         let Some(mut block) = self.pool.alloc(size, page.page_id()) else {
             return;
@@ -712,7 +717,18 @@ fn write_op(value: &[u8], kind: RecordKind) -> WriteOp<'_> {
     }
 }
 
-/// Whether `node`'s records plus `key`/`value` fit a node of `size` bytes.
-fn fits_in(node: NodeRef<'_>, size: usize, key: &[u8], value: &[u8]) -> bool {
-    node.used_bytes() + 8 + key.len().saturating_sub(node.prefix().len()) + value.len() <= size
+/// The largest size class of at most `limit` bytes, if any.
+fn largest_class_within(limit: usize) -> Option<usize> {
+    let mut best = None;
+    let mut need = node::MIN_NODE;
+    while let Some(class) = crate::pool::block_size_for(need).filter(|&c| c <= limit) {
+        best = Some(class);
+        need = class + 1;
+    }
+    best
+}
+
+/// Bytes `node` needs to hold its content plus a record of `key` and `value`.
+fn needed(node: NodeRef<'_>, key: &[u8], value: &[u8]) -> usize {
+    node.used_bytes() + 8 + key.len().saturating_sub(node.prefix().len()) + value.len()
 }
