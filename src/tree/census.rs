@@ -16,7 +16,7 @@ pub struct Census {
     pub minis: u64,
     /// Leaves cached as a full-page mirror.
     pub mirrors: u64,
-    /// Block bytes of mini-pages (their power-of-two sizes).
+    /// Block bytes of mini-pages (their size classes).
     pub mini_bytes: u64,
     /// Block bytes of mirrors.
     pub mirror_bytes: u64,

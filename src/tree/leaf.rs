@@ -1,5 +1,6 @@
-//! Leaf and mini-page operations (paper §5): get with promotion, buffered writes, growth by
-//! doubling, conversion to a full-page mirror, leaf splits and empty-leaf removal.
+//! Leaf and mini-page operations (paper §5): get with promotion, buffered writes, growth
+//! through the pool's size classes, conversion to a full-page mirror, leaf splits and
+//! empty-leaf removal.
 //!
 //! Every function here runs with the leaf's lock held (taken in `tree/mod.rs`). A function
 //! that needs memory it cannot get returns `Restart::NeedSpace` *before* changing anything,

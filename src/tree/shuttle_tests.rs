@@ -273,7 +273,7 @@ fn shuttle_scan_races_split_and_merge() {
 }
 
 /// A leaf on disk with no mini-page; two writers put records into it, so its mini-page is
-/// created, grown by doubling and possibly merged while the other writes; a reader looks on.
+/// created, grown and possibly merged while the other writes; a reader looks on.
 fn writers_race_mini_page_growth() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = Arc::new(tiny_file_tree(dir.path()));
