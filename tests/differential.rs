@@ -156,11 +156,18 @@ fn check_range(
 fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("tempdir");
+    // Seeds vary the merge threshold: the default (the page size), a smaller size class,
+    // and a size between classes, so mini-pages turn into mirrors at different sizes.
+    let merge = [None, Some(1024), Some(1000)][(seed % 3) as usize];
     let config = || {
-        if in_memory {
+        let c = if in_memory {
             Config::in_memory().cache_size(cache)
         } else {
             Config::new(dir.path()).cache_size(cache)
+        };
+        match merge {
+            Some(m) => c.merge_threshold(m),
+            None => c,
         }
     };
     let mut tree = Tree::open(config()).expect("open");

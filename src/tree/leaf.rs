@@ -316,7 +316,7 @@ impl Shared {
             // record) up to the merge threshold, else merge into a mirror. Classes four per
             // doubling keep mini-pages fuller than doubling did (`pool::size`).
             let need = needed(node.as_ref(), key, value);
-            let threshold = self.config.merge_threshold;
+            let threshold = self.config.merge_threshold_bytes();
             let grown = match crate::pool::block_size_for((size + size / 2).max(need)) {
                 Some(g) if g <= threshold => Some(g),
                 // Short of half as much again, the last class under the threshold still
