@@ -38,7 +38,7 @@ pub(super) fn class_of(size: u64) -> usize {
 }
 
 /// The shard this thread prefers (threads are numbered round-robin on first use).
-pub(super) fn my_shard() -> usize {
+pub(crate) fn my_shard() -> usize {
     #[cfg(not(feature = "shuttle"))]
     {
         use std::sync::atomic::AtomicUsize as Counter;

@@ -34,6 +34,7 @@ mod stress_tests;
 mod tests;
 
 pub(crate) use evict::EvictGuard;
+pub(crate) use free_list::my_shard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
 pub(crate) use latch::MAX_DISK_PAGE;
 pub(crate) use size::block_size_for;

@@ -150,7 +150,10 @@ impl Shared {
         if let (Some(bytes), Location::Mini(addr)) = (page.mini(), page.location()) {
             let node = NodeRef::from_bytes(bytes);
             if let Some((i, kind, value)) = node.get(key) {
-                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .hot()
+                    .cache_hits
+                    .fetch_add(1, Ordering::Relaxed);
                 let out = kind.exists().then(|| value.to_vec());
                 let needs_ref = !node.ref_bit(i);
                 let move_to_tail = self.pool.is_copy_on_access(addr);
@@ -169,7 +172,10 @@ impl Shared {
             }
             if node.kind() == NodeKind::Leaf {
                 // A full-page mirror holds every record: absent here means absent.
-                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .hot()
+                    .cache_hits
+                    .fetch_add(1, Ordering::Relaxed);
                 return Ok((None, false));
             }
             disk_page = node.disk_page();
@@ -177,7 +183,10 @@ impl Shared {
         let Some(disk) = disk_page.filter(|p| *p != NO_PAGE) else {
             return Ok((None, false));
         };
-        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .hot()
+            .cache_misses
+            .fetch_add(1, Ordering::Relaxed);
         with_page_buf(self.page_size, |buf| {
             self.read_page(disk, buf)?;
             let leaf = self.check_leaf(disk, buf)?;
@@ -193,7 +202,10 @@ impl Shared {
                     };
                     match self.put_buffered(path, &mut w, key, v, kind)? {
                         Ok(_) => {
-                            self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+                            self.counters
+                                .hot()
+                                .promotions
+                                .fetch_add(1, Ordering::Relaxed);
                         }
                         Err(Restart::NeedSpace) => wants_room = true,
                         Err(Restart::Retry) => {}
@@ -254,6 +266,7 @@ impl Shared {
             };
             if kind.is_dirty() {
                 self.counters
+                    .hot()
                     .writes_buffered
                     .fetch_add(1, Ordering::Relaxed);
             }

@@ -256,7 +256,10 @@ impl Shared {
                 let node = NodeRef::from_bytes(bytes);
                 let slice = node_slice(node, start, end);
                 if node.kind() == NodeKind::Leaf {
-                    self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .hot()
+                        .cache_hits
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(slice
                         .into_iter()
                         .filter(|r| r.2.exists())
@@ -273,7 +276,10 @@ impl Shared {
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
             return Ok(overlay(Vec::new(), over));
         };
-        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .hot()
+            .cache_misses
+            .fetch_add(1, Ordering::Relaxed);
         with_page_buf(self.page_size, |buf| {
             self.read_page(disk, buf)?;
             let leaf = self.check_leaf(disk, buf)?;

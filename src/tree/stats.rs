@@ -55,12 +55,27 @@ pub struct Stats {
     pub replayed: u64,
 }
 
-/// The live counters behind [`Stats`].
+/// Stripes of the per-operation counters.
+const STRIPES: usize = 8;
+
+/// The counters bumped by (nearly) every operation, one set per stripe on its own cache
+/// lines: a single shared counter had every thread's get and write bounce one line between
+/// the cores (2-thread in-memory updates ran ~17 % slower when the rest of `Shared` moved
+/// next to it).
 #[derive(Default)]
-pub(crate) struct Counters {
+#[repr(align(128))]
+pub(crate) struct Hot {
     pub(crate) cache_hits: AtomicU64,
     pub(crate) cache_misses: AtomicU64,
     pub(crate) promotions: AtomicU64,
+    pub(crate) writes_buffered: AtomicU64,
+}
+
+/// The live counters behind [`Stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    /// Per-operation counters, striped by thread.
+    hot: [Hot; STRIPES],
     pub(crate) merges: AtomicU64,
     pub(crate) mini_grows: AtomicU64,
     pub(crate) copied_to_tail: AtomicU64,
@@ -70,8 +85,22 @@ pub(crate) struct Counters {
     pub(crate) splits: AtomicU64,
     pub(crate) leaves_removed: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
-    pub(crate) writes_buffered: AtomicU64,
     pub(crate) replayed: AtomicU64,
+}
+
+impl Counters {
+    /// This thread's stripe of the per-operation counters.
+    pub(crate) fn hot(&self) -> &Hot {
+        &self.hot[crate::pool::my_shard() % STRIPES]
+    }
+
+    /// The sum of one per-operation counter over the stripes.
+    fn sum(&self, field: impl Fn(&Hot) -> &AtomicU64) -> u64 {
+        self.hot
+            .iter()
+            .map(|h| field(h).load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 impl Shared {
@@ -81,9 +110,9 @@ impl Shared {
         let log = self.wal.as_ref().map(|w| w.stats()).unwrap_or_default();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
-            cache_hits: get(&c.cache_hits),
-            cache_misses: get(&c.cache_misses),
-            promotions: get(&c.promotions),
+            cache_hits: c.sum(|h| &h.cache_hits),
+            cache_misses: c.sum(|h| &h.cache_misses),
+            promotions: c.sum(|h| &h.promotions),
             merges: get(&c.merges),
             mini_grows: get(&c.mini_grows),
             copied_to_tail: get(&c.copied_to_tail),
@@ -99,7 +128,7 @@ impl Shared {
             disk_pages_in_use: store.allocated_pages,
             disk_pages_free: store.free_pages,
             checkpoints: get(&c.checkpoints),
-            writes_buffered: get(&c.writes_buffered),
+            writes_buffered: c.sum(|h| &h.writes_buffered),
             log_appends: log.appends,
             log_syncs: log.syncs,
             replayed: get(&c.replayed),
