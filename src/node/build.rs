@@ -7,13 +7,18 @@ use std::ops::Range;
 use super::layout::{common_prefix_len, effective_prefix, stored_fences, FIXED_COST, META_SIZE};
 use super::{NoSpace, NodeKind, NodeMut, NodeRef, RecordKind};
 
+/// Owned key or value bytes of a [`Record`]: inline up to 24 bytes, so the records a split
+/// or merge materializes (a whole page of them) cost no allocation each when small (profile
+/// of 2-thread in-memory inserts: ~29 % of samples in the allocator, mostly for these).
+pub(crate) type Bytes = smallvec::SmallVec<[u8; 24]>;
+
 /// One record, owned, with its full key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
     /// The full key (prefix included).
-    pub key: Vec<u8>,
+    pub key: Bytes,
     /// The value.
-    pub value: Vec<u8>,
+    pub value: Bytes,
     /// The record kind.
     pub kind: RecordKind,
 }
@@ -114,8 +119,8 @@ pub(crate) fn merge_sorted(leaf: NodeRef<'_>, mini: NodeRef<'_>) -> Vec<Record> 
         mini.key_into(j, &mut mk);
     }
     let insert = |key: &[u8], value: &[u8]| Record {
-        key: key.to_vec(),
-        value: value.to_vec(),
+        key: Bytes::from_slice(key),
+        value: Bytes::from_slice(value),
         kind: RecordKind::Insert,
     };
     while i < leaf.len() || j < mini.len() {

@@ -70,7 +70,8 @@ mod tests_prop;
 #[cfg(test)]
 pub(crate) use build::shortest_separator;
 pub(crate) use build::{
-    build, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records, Record,
+    build, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records, Bytes,
+    Record,
 };
 #[cfg(feature = "internals")]
 pub(crate) use fuzz::decode_check;

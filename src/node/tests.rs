@@ -391,7 +391,7 @@ fn merge_from_applies_dirty_records_only() {
     let merged = merge_sorted(leaf(&mut buf(4096), 10).as_ref(), m.as_ref());
     let want: Vec<Vec<u8>> = keys(r);
     assert_eq!(
-        merged.iter().map(|x| x.key.clone()).collect::<Vec<_>>(),
+        merged.iter().map(|x| x.key.to_vec()).collect::<Vec<_>>(),
         want
     );
     for (i, rec) in merged.iter().enumerate() {

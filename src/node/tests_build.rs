@@ -22,8 +22,8 @@ fn shortest_separators() {
 fn records(n: usize, vlen: usize) -> Vec<Record> {
     (0..n)
         .map(|i| Record {
-            key: format!("key{i:04}").into_bytes(),
-            value: vec![i as u8; vlen],
+            key: format!("key{i:04}").into_bytes().into(),
+            value: vec![i as u8; vlen].into(),
             kind: RecordKind::Insert,
         })
         .collect()
@@ -80,8 +80,10 @@ fn split_records_is_balanced_and_separators_are_short() {
     // ~9 KB uncompressed but ~1.1 KB compressed.
     let long: Vec<Record> = (0..40)
         .map(|i| Record {
-            key: [vec![b'p'; 200], format!("{i:03}").into_bytes()].concat(),
-            value: vec![1; 10],
+            key: [vec![b'p'; 200], format!("{i:03}").into_bytes()]
+                .concat()
+                .into(),
+            value: vec![1; 10].into(),
             kind: RecordKind::Insert,
         })
         .collect();
@@ -105,8 +107,8 @@ fn split_records_handles_maximal_records() {
             let mut key = vec![b'k'; lim.max_key_len];
             key[lim.max_key_len - 1] = i;
             Record {
-                key,
-                value: vec![i; lim.max_record_len - lim.max_key_len],
+                key: key.into(),
+                value: vec![i; lim.max_record_len - lim.max_key_len].into(),
                 kind: RecordKind::Insert,
             }
         })

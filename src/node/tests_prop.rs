@@ -223,8 +223,8 @@ fn run(size: usize, prefix: Vec<u8>, finite: bool, ops: Vec<Op>) {
                     .iter()
                     .filter(|(_, (_, t, _))| t.exists())
                     .map(|(k, (v, _, _))| Record {
-                        key: k.clone(),
-                        value: v.clone(),
+                        key: k.as_slice().into(),
+                        value: v.as_slice().into(),
                         kind: RecordKind::Insert,
                     })
                     .collect();
@@ -256,8 +256,8 @@ fn split_and_check(node: NodeRef<'_>, model: &Model, low: Option<&[u8]>, high: O
     let records: Vec<Record> = model
         .iter()
         .map(|(k, (v, t, _))| Record {
-            key: k.clone(),
-            value: v.clone(),
+            key: k.as_slice().into(),
+            value: v.as_slice().into(),
             kind: *t,
         })
         .collect();

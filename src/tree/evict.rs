@@ -99,7 +99,7 @@ impl Shared {
                     return Ok(Ok(Action::Nothing));
                 }
                 let records = node_records(node);
-                let route = records.first().map(|r| r.key.clone());
+                let route = records.first().map(|r| r.key.to_vec());
                 (records, route)
             }
             _ => {

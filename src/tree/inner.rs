@@ -119,10 +119,10 @@ impl Inner {
         let records: Vec<Record> = entries
             .iter()
             .map(|e| Record {
-                key: e.key.clone(),
+                key: node::Bytes::from_slice(&e.key),
                 value: match &e.child {
-                    ChildRef::Leaf(pid) => u64::from(*pid).to_le_bytes().to_vec(),
-                    ChildRef::Inner(_) => Vec::new(),
+                    ChildRef::Leaf(pid) => node::Bytes::from_slice(&u64::from(*pid).to_le_bytes()),
+                    ChildRef::Inner(_) => node::Bytes::new(),
                 },
                 kind: RecordKind::Insert,
             })

@@ -54,13 +54,13 @@ pub(super) fn percent_roll() -> u8 {
 
 /// Every record of a node, owned, in key order.
 pub(crate) fn node_records(node: NodeRef<'_>) -> Vec<Record> {
+    let mut key = Vec::new();
     (0..node.len())
         .map(|i| {
-            let mut key = Vec::new();
             node.key_into(i, &mut key);
             Record {
-                key,
-                value: node.value(i).to_vec(),
+                key: node::Bytes::from_slice(&key),
+                value: node::Bytes::from_slice(node.value(i)),
                 kind: node.record_kind(i),
             }
         })
@@ -84,14 +84,14 @@ fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
     let at = records.binary_search_by(|r| r.key.as_slice().cmp(key));
     match (op, at) {
         (WriteOp::Put(v), Ok(i)) => {
-            records[i].value = v.to_vec();
+            records[i].value = node::Bytes::from_slice(v);
             records[i].kind = RecordKind::Insert;
         }
         (WriteOp::Put(v), Err(i)) => records.insert(
             i,
             Record {
-                key: key.to_vec(),
-                value: v.to_vec(),
+                key: node::Bytes::from_slice(key),
+                value: node::Bytes::from_slice(v),
                 kind: RecordKind::Insert,
             },
         ),
