@@ -16,7 +16,7 @@ fn pairs(pool: &PoolHarness, threads: usize, iters: u64) -> Duration {
             s.spawn(move || {
                 for i in 0..iters {
                     // 256-byte and 1 KiB mini-pages alternate: two size classes, like growth.
-                    let ok = pool.alloc_and_free(2 + ((i as u8 + t as u8) & 1) * 2);
+                    let ok = pool.alloc_and_free(8 + ((i as u8 + t as u8) & 1) * 8);
                     assert!(ok, "the pool is large enough never to fill");
                 }
             });
@@ -29,7 +29,7 @@ fn alloc_dealloc(c: &mut Criterion) {
     let pool = PoolHarness::new(64 << 20, 10).expect("64 MiB pool");
     // Warm up past the copy-on-access region so frees go to the free lists.
     for _ in 0..100_000 {
-        pool.alloc_and_free(4);
+        pool.alloc_and_free(16);
     }
     let mut g = c.benchmark_group("pool_alloc_dealloc");
     for threads in [1usize, 2] {

@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    /// New mini-page of `64 << class` bytes with this pattern (evicting until it fits).
+    /// New mini-page of size class `class` with this pattern (evicting until it fits).
     Remap {
         page: u8,
         class: u8,
@@ -59,7 +59,8 @@ fuzz_target!(|input: Input| {
                 pattern,
             } => {
                 let pid = pids[usize::from(*page) % pids.len()];
-                let class = class % 8; // up to 8 KiB: several blocks fit in every capacity
+                // Classes up to 28 (8 KiB): several blocks fit in every capacity.
+                let class = class % 29;
                 let mut tries = 0;
                 while !pool.remap(pid, class, pattern) {
                     match pool.evict(false) {
@@ -72,7 +73,7 @@ fuzz_target!(|input: Input| {
                     tries += 1;
                     assert!(tries < 10_000, "the buffer never made room");
                 }
-                model.insert(pid, expected(64 << class, pattern));
+                model.insert(pid, expected(PoolHarness::class_size(class), pattern));
             }
             Op::Touch { page } => {
                 let pid = pids[usize::from(*page) % pids.len()];

@@ -25,10 +25,17 @@ impl PoolHarness {
             .page_id()
     }
 
-    /// Gives `pid` a new mini-page of size class `class` (modulo the class count) holding `bytes` repeated (the old
-    /// one is freed). False, with nothing changed, if the buffer is full.
+    /// Usable bytes of size class `class` (modulo the class count): 64, 80, 96, 112, 128,
+    /// 160, ... (four per doubling; class `4 * k` is `64 << k`).
+    pub fn class_size(class: u8) -> usize {
+        class_size(usize::from(class) % CLASSES)
+    }
+
+    /// Gives `pid` a new mini-page of size class `class` (modulo the class count) holding
+    /// `bytes` repeated (the old one is freed). False, with nothing changed, if the buffer
+    /// is full.
     pub fn remap(&self, pid: u32, class: u8, bytes: &[u8]) -> bool {
-        let size = class_size(usize::from(class) % CLASSES);
+        let size = PoolHarness::class_size(class);
         let Some(mut block) = self.pool.alloc(size, pid) else {
             return false;
         };
@@ -61,12 +68,10 @@ impl PoolHarness {
         true
     }
 
-    /// Allocates a block of size class `class` (modulo the class count) and returns it at once (one alloc + dealloc
-    /// pair, for the benchmark). False if the buffer was full.
+    /// Allocates a block of size class `class` (modulo the class count) and returns it at
+    /// once (one alloc + dealloc pair, for the benchmark). False if the buffer was full.
     pub fn alloc_and_free(&self, class: u8) -> bool {
-        self.pool
-            .alloc(class_size(usize::from(class) % CLASSES), 0)
-            .is_some()
+        self.pool.alloc(PoolHarness::class_size(class), 0).is_some()
     }
 
     /// Takes and releases `pid`'s lock (shared or exclusive), for the benchmark.
