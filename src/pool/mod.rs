@@ -37,7 +37,7 @@ pub(crate) use evict::EvictGuard;
 pub(crate) use free_list::my_shard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
 pub(crate) use latch::MAX_DISK_PAGE;
-pub(crate) use size::block_size_for;
+pub(crate) use size::{block_size_for, largest_class_within};
 pub(crate) use stats::PoolStats;
 
 use crate::error::{Error, Result};

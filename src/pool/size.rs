@@ -37,6 +37,14 @@ pub(crate) fn block_size_for(need: usize) -> Option<usize> {
     Some(class_size(class))
 }
 
+/// The largest class size of at most `limit` bytes, if any.
+pub(crate) fn largest_class_within(limit: usize) -> Option<usize> {
+    (0..CLASSES)
+        .map(class_size)
+        .take_while(|&size| size <= limit)
+        .last()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +77,11 @@ mod tests {
                 assert_ne!(got, Some(need));
             }
         }
+        assert_eq!(largest_class_within(63), None);
+        assert_eq!(largest_class_within(64), Some(64));
+        assert_eq!(largest_class_within(1000), Some(896));
+        assert_eq!(largest_class_within(4096), Some(4096));
+        assert_eq!(largest_class_within(usize::MAX), Some(64 << 10));
         assert_eq!(class_of(63), None);
         assert_eq!(class_of(65), None);
         assert_eq!(class_of(1 << 17), None);

@@ -336,7 +336,9 @@ impl Shared {
                 Some(g) if g <= threshold => Some(g),
                 // Short of a quarter more, the last class under the threshold still
                 // takes this record: use it before turning into a mirror.
-                _ => largest_class_within(threshold).filter(|&g| g > size && need <= g),
+                _ => {
+                    crate::pool::largest_class_within(threshold).filter(|&g| g > size && need <= g)
+                }
             }
             .unwrap_or(usize::MAX);
             if grown <= threshold {
@@ -731,17 +733,6 @@ fn write_op(value: &[u8], kind: RecordKind) -> WriteOp<'_> {
     } else {
         WriteOp::Delete
     }
-}
-
-/// The largest size class of at most `limit` bytes, if any.
-fn largest_class_within(limit: usize) -> Option<usize> {
-    let mut best = None;
-    let mut need = node::MIN_NODE;
-    while let Some(class) = crate::pool::block_size_for(need).filter(|&c| c <= limit) {
-        best = Some(class);
-        need = class + 1;
-    }
-    best
 }
 
 /// Bytes `node` needs to hold its content plus a record of `key` and `value`.
