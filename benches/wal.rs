@@ -33,9 +33,9 @@ fn run(wal: &WalBench, threads: u64, iters: u64, commit: bool) -> Duration {
                 key[0] = t as u8;
                 for i in (t..iters).step_by(threads as usize) {
                     key[8..].copy_from_slice(&i.to_le_bytes());
-                    let lsn = wal.append(&key, Some(&VALUE)).expect("append");
+                    let appended = wal.append(&key, Some(&VALUE)).expect("append");
                     if commit {
-                        wal.commit(lsn).expect("commit");
+                        wal.commit(appended).expect("commit");
                     }
                 }
             });

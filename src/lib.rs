@@ -161,6 +161,17 @@ pub mod internals {
         wal: crate::wal::Wal,
     }
 
+    /// A record [`WalBench::append`] took.
+    #[derive(Debug, Clone, Copy)]
+    pub struct WalAppended(crate::wal::Appended);
+
+    impl WalAppended {
+        /// The record's LSN.
+        pub fn lsn(&self) -> u64 {
+            self.0.lsn
+        }
+    }
+
     /// Counters of a [`WalBench`] log since open.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct WalBenchStats {
@@ -211,23 +222,25 @@ pub mod internals {
             })
         }
 
-        /// Appends an insert (`Some(value)`) or a remove; returns its LSN.
+        /// Appends an insert (`Some(value)`) or a remove; returns what `commit` takes.
         ///
         /// # Errors
         /// As `Wal::append`.
-        pub fn append(&self, key: &[u8], value: Option<&[u8]>) -> Result<u64> {
-            self.wal.append(match value {
-                Some(value) => crate::wal::LogOp::Insert { key, value },
-                None => crate::wal::LogOp::Remove { key },
-            })
+        pub fn append(&self, key: &[u8], value: Option<&[u8]>) -> Result<WalAppended> {
+            self.wal
+                .append(match value {
+                    Some(value) => crate::wal::LogOp::Insert { key, value },
+                    None => crate::wal::LogOp::Remove { key },
+                })
+                .map(WalAppended)
         }
 
-        /// Waits until the record at `lsn` is durable per the configured durability.
+        /// Waits until the appended record is durable per the configured durability.
         ///
         /// # Errors
         /// As `Wal::commit`.
-        pub fn commit(&self, lsn: u64) -> Result<()> {
-            self.wal.commit(lsn)
+        pub fn commit(&self, appended: WalAppended) -> Result<()> {
+            self.wal.commit(appended.0)
         }
 
         /// Syncs every appended record.

@@ -125,3 +125,5 @@ mod tests {
 
 mod rcu;
 pub(crate) use rcu::{pin, EpochGuard, RcuCell};
+mod region;
+pub(crate) use region::AppendRegion;

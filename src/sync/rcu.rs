@@ -47,6 +47,13 @@ impl<T: Send + Sync + 'static> RcuCell<T> {
     }
 }
 
+impl<T: Send + Sync + 'static> std::fmt::Debug for RcuCell<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The value may be replaced while being printed; the cell is printed opaque.
+        f.write_str("RcuCell")
+    }
+}
+
 impl<T: Send + Sync + 'static> Drop for RcuCell<T> {
     fn drop(&mut self) {
         // SAFETY: `&mut self` means no reader can load from this cell any more, and readers

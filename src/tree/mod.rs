@@ -43,7 +43,7 @@ use crate::node::{NodeKind, NodeMut};
 use crate::pool::{BufferPool, Location, PageId, ReadGuard, WriteGuard};
 use crate::store::{PageBuf, PageStore};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, RcuCell};
-use crate::wal::{LogOp, Lsn, Wal};
+use crate::wal::{Appended, LogOp, Lsn, Wal};
 
 #[cfg(feature = "internals")]
 pub use census::Census;
@@ -422,9 +422,9 @@ impl Shared {
     /// Applies a write and, when writes are logged, waits until its log record is durable
     /// per the configured durability (with no leaf lock held).
     fn write(&self, key: &[u8], op: WriteOp<'_>) -> Result<()> {
-        if let Some(lsn) = self.apply(key, op, self.log_writes)? {
+        if let Some(appended) = self.apply(key, op, self.log_writes)? {
             if let Some(wal) = &self.wal {
-                wal.commit(lsn)?;
+                wal.commit(appended)?;
             }
         }
         Ok(())
@@ -432,7 +432,7 @@ impl Shared {
 
     /// Applies a write to the tree; with `log`, appends its log record while the leaf is
     /// still locked, so the log's order for a key is the order its writes were applied.
-    pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Lsn>> {
+    pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Appended>> {
         let mut spins = 0u32;
         loop {
             let guard = sync::pin();

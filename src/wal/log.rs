@@ -4,13 +4,14 @@
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
-use super::format::{self, encode_record_into, HEADER_SIZE, RECORD_OVERHEAD};
+use super::format::{self, HEADER_SIZE, RECORD_OVERHEAD};
+use super::mapped::Active;
 use super::segment::{self, Segment, SCAN_BUFFER};
 use super::vfs::{LogFs, Reader};
 use super::writer::Writer;
-use super::{LogOp, Lsn, ReplayStats, WalConfig, WalStats};
+use super::{Appended, LogOp, Lsn, ReplayStats, WalConfig, WalStats};
 use crate::error::{Error, Result};
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering, RcuCell};
 use crate::Durability;
 
 /// Past this many buffered bytes, `append` writes them out itself, so a writer that never
@@ -41,13 +42,20 @@ pub(super) struct Shared {
     /// Records appended but not yet taken by the writer.
     pub(super) pending: Mutex<Pending>,
     /// The segments and the file position; held while writing.
-    writer: Mutex<Writer>,
+    pub(super) writer: Mutex<Writer>,
+    /// The active segment mapped for lock-free `Buffered` appends, when it is; `None`
+    /// while appends go through the append buffer (see `mapped`).
+    pub(super) active: RcuCell<Option<Active>>,
     /// Group-commit state: who leads, who waits.
     group: Mutex<Group>,
-    /// The LSN the next append gets. Appends move it under one lock per mode: the append
-    /// buffer's under `Sync`, the writer's under `Buffered` (see `append_buffered`).
-    appended: AtomicU64,
-    /// Every record below this LSN reached the OS.
+    /// The LSN the next append through the append buffer gets (moved under its lock).
+    /// While a segment is mapped, its region's cursor is the next LSN instead
+    /// (`Shared::next_lsn`).
+    pub(super) appended: AtomicU64,
+    /// The next LSN as the flusher last saw it (`Wal::bytes_since`).
+    seen_next: AtomicU64,
+    /// Every record below this LSN reached the OS, but for records appended through the
+    /// mapped segment since it was mapped (`Shared::written_lsn` counts those too).
     pub(super) written: AtomicU64,
     /// Every record below this LSN is on stable storage.
     synced: AtomicU64,
@@ -137,7 +145,6 @@ impl Wal {
             }),
             writer: Mutex::new(Writer {
                 segments: rec.segments,
-                window: None,
                 mappable: config.durability == Durability::Buffered,
                 file: rec.file,
                 segment_size: rec.segment_size,
@@ -149,12 +156,14 @@ impl Wal {
                 mapped_appends: 0,
                 mapped_bytes: 0,
             }),
+            active: RcuCell::new(None),
             group: Mutex::new(Group {
                 leading: false,
                 waiters: Vec::new(),
             }),
             // Recovery synced the tail it kept, and older segments were synced when filled.
             appended: AtomicU64::new(end),
+            seen_next: AtomicU64::new(end),
             written: AtomicU64::new(end),
             synced: AtomicU64::new(end),
             failed: Mutex::new(None),
@@ -164,6 +173,7 @@ impl Wal {
             syncs: AtomicU64::new(0),
             config,
         });
+        shared.activate(&mut shared.writer.lock());
         let flusher = match shared.config.durability {
             Durability::Buffered => {
                 let s = shared.clone();
@@ -194,7 +204,8 @@ impl Wal {
         let s = &self.shared;
         let (segments, end) = {
             let w = s.writer.lock();
-            (w.segments.clone(), w.end)
+            // Past the writer's end while a segment is mapped: its records are in the file.
+            (w.segments.clone(), s.written_lsn().max(w.end))
         };
         let mut stats = ReplayStats {
             end_lsn: end,
@@ -256,7 +267,7 @@ impl Wal {
         let s = &self.shared;
         let mut w = s.writer.lock();
         let pending = s.pending.lock();
-        if !pending.bytes.is_empty() || w.done < w.inflight.len() {
+        if !pending.bytes.is_empty() || w.done < w.inflight.len() || !s.deactivate() {
             return Err(Error::InvalidConfig {
                 reason: "replay must run before the first append",
             });
@@ -267,7 +278,6 @@ impl Wal {
         }
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, lsn, s.config.segment_size)?;
         w.segments.push(seg);
-        w.window = None;
         w.mappable = s.config.durability == Durability::Buffered;
         w.file = file;
         w.segment_size = s.config.segment_size;
@@ -277,16 +287,20 @@ impl Wal {
         // Max, not store: a sync of the old segment may still be finishing.
         s.written.fetch_max(lsn, Ordering::AcqRel);
         s.synced.fetch_max(lsn, Ordering::AcqRel);
+        drop(pending);
+        s.activate(&mut w);
         Ok(())
     }
 
-    /// Reserves the next LSN and copies the record into the log buffer. No system call unless
-    /// the buffer passed `BUFFER_LIMIT` (a writer that does not commit).
+    /// Reserves the next LSN and copies the record into the mapped active segment
+    /// (`Buffered`, when it is mapped: no lock) or else into the log buffer. No system call
+    /// unless the buffer passed `BUFFER_LIMIT` (a writer that does not commit) or a segment
+    /// filled up.
     ///
     /// # Errors
     /// `KeyTooLarge`/`ValueTooLarge` if the record cannot fit in a segment; `Io` if an
     /// earlier sync of the log failed (the log is unusable).
-    pub(crate) fn append(&self, op: LogOp<'_>) -> Result<Lsn> {
+    pub(crate) fn append(&self, op: LogOp<'_>) -> Result<Appended> {
         let s = &self.shared;
         s.check_failed()?;
         let len = format::record_len(&op);
@@ -309,20 +323,33 @@ impl Wal {
                 }
             });
         }
-        if s.config.durability == Durability::Buffered {
-            return Ok(s.append_buffered(&op, len));
-        }
-        let (lsn, buffered) = {
+        let buffered = s.config.durability == Durability::Buffered;
+        let (lsn, buffered) = loop {
+            if buffered {
+                if let Some(lsn) = s.append_mapped(&op, len)? {
+                    return Ok(Appended {
+                        lsn,
+                        reached_os: true,
+                    });
+                }
+            }
             let mut p = s.pending.lock();
+            // A segment mapped since the check above takes appends from here on.
+            if buffered && s.active.load(&crate::sync::pin()).is_some() {
+                continue;
+            }
             let lsn = s.appended.load(Ordering::Acquire);
             p.buffer(lsn, &op, len);
             s.appended.store(lsn + len, Ordering::Release);
-            (lsn, p.bytes.len())
+            break (lsn, p.bytes.len());
         };
         if buffered > BUFFER_LIMIT {
             s.write_to(lsn + len)?;
         }
-        Ok(lsn)
+        Ok(Appended {
+            lsn,
+            reached_os: false,
+        })
     }
 
     /// Waits until the record at `lsn` is durable per the configured durability: `Buffered`,
@@ -331,11 +358,15 @@ impl Wal {
     ///
     /// # Errors
     /// `Io` if writing or syncing the log failed.
-    pub(crate) fn commit(&self, lsn: Lsn) -> Result<()> {
+    pub(crate) fn commit(&self, appended: Appended) -> Result<()> {
         let s = &self.shared;
+        if appended.reached_os && s.config.durability == Durability::Buffered {
+            return Ok(());
+        }
+        let lsn = appended.lsn;
         // Records are at least RECORD_OVERHEAD bytes and written whole, so a durable end past
         // `lsn` covers the whole record; an LSN never appended is clamped, not waited for.
-        let target = (lsn + 1).min(s.appended.load(Ordering::Acquire));
+        let target = (lsn + 1).min(s.next_lsn());
         match s.config.durability {
             Durability::Sync => s.sync_to(target),
             _ => s.write_to(target),
@@ -348,12 +379,14 @@ impl Wal {
     /// `Io` if writing or syncing the log failed.
     pub(crate) fn flush(&self) -> Result<()> {
         let s = &self.shared;
-        s.sync_to(s.appended.load(Ordering::Acquire))
+        let next = s.next_lsn();
+        s.seen_next.fetch_max(next, Ordering::Relaxed);
+        s.sync_to(next)
     }
 
     /// The LSN the next append will get.
     pub(crate) fn next_lsn(&self) -> Lsn {
-        self.shared.appended.load(Ordering::Acquire)
+        self.shared.next_lsn()
     }
 
     /// Deletes the segments that hold only records below `lsn` (call it once a checkpoint
@@ -386,9 +419,17 @@ impl Wal {
         &self.shared.fs
     }
 
-    /// Bytes of log records since `lsn` (to trigger automatic checkpoints).
+    /// Bytes of log records since `lsn`, give or take those since the last flush or
+    /// background sync (to
+    /// trigger automatic checkpoints: every write asks, so this reads two atomics and pins
+    /// nothing).
     pub(crate) fn bytes_since(&self, lsn: Lsn) -> u64 {
-        self.next_lsn().saturating_sub(lsn)
+        let s = &self.shared;
+        let next = s
+            .appended
+            .load(Ordering::Relaxed)
+            .max(s.seen_next.load(Ordering::Relaxed));
+        next.saturating_sub(lsn)
     }
 
     /// Every record below this LSN is durable per the configured durability.
@@ -397,7 +438,7 @@ impl Wal {
         let s = &self.shared;
         match s.config.durability {
             Durability::Sync => s.synced.load(Ordering::Acquire),
-            _ => s.written.load(Ordering::Acquire),
+            _ => s.written_lsn(),
         }
     }
 
@@ -406,9 +447,11 @@ impl Wal {
         let s = &self.shared;
         let w = s.writer.lock();
         let p = s.pending.lock();
+        let guard = crate::sync::pin();
+        let active = s.active.load(&guard).as_ref();
         WalStats {
-            appends: p.appends + w.mapped_appends,
-            bytes: p.bytes_appended + w.mapped_bytes,
+            appends: p.appends + w.mapped_appends + active.map_or(0, Active::records),
+            bytes: p.bytes_appended + w.mapped_bytes + active.map_or(0, Active::bytes),
             writes: w.writes,
             syncs: s.syncs.load(Ordering::Relaxed),
             segments: w.segments.len() as u64,
@@ -454,40 +497,16 @@ impl Shared {
         Error::io(path, e)
     }
 
-    /// A `Buffered` append. Every one holds the writer lock, so a record can go straight
-    /// into the mapped active segment: it has reached the OS when this returns, and its
-    /// commit takes no lock. That is one lock per write where the buffered path takes the
-    /// append-buffer lock twice and the writer lock once (measured with
-    /// `examples/durability.rs ycsb`). Records go through the append buffer instead, for
-    /// their commit to write out, when records are queued there, the segment is not mapped,
-    /// or the record would cross the mapped window or the segment's end.
-    fn append_buffered(&self, op: &LogOp<'_>, len: u64) -> Lsn {
-        let mut w = self.writer.lock();
-        // Appends hold the writer lock, so `appended` cannot move under us; it equals the
-        // writer's end exactly when nothing is queued.
-        let lsn = self.appended.load(Ordering::Acquire);
-        if let Some(slot) = w.mapped_slot(lsn, len) {
-            encode_record_into(slot, lsn, op);
-            self.appended.store(lsn + len, Ordering::Release);
-            w.mapped_appends += 1;
-            w.mapped_bytes += len;
-            w.advance(self, len);
-            return lsn;
-        }
-        self.pending.lock().buffer(lsn, op, len);
-        self.appended.store(lsn + len, Ordering::Release);
-        lsn
-    }
-
     /// Returns once every record below `target` reached the OS.
     fn write_to(&self, target: Lsn) -> Result<()> {
-        while self.written.load(Ordering::Acquire) < target {
+        while self.written_lsn() < target {
             self.check_failed()?;
             let mut w = self.writer.lock();
-            if self.written.load(Ordering::Acquire) >= target {
+            if self.written_lsn() >= target {
                 break;
             }
             w.write_out(self)?;
+            self.activate(&mut w);
         }
         Ok(())
     }
@@ -538,10 +557,10 @@ impl Shared {
     /// n - 1 records (measured 0.47 fsyncs/op at 4 threads on 2 cores). So yield while the
     /// buffer keeps growing, a few times at most; alone, this costs one `sched_yield`.
     fn gather(&self) {
-        let mut seen = self.appended.load(Ordering::Acquire);
+        let mut seen = self.next_lsn();
         for _ in 0..GATHER_YIELDS {
             crate::sync::yield_now();
-            let now = self.appended.load(Ordering::Acquire);
+            let now = self.next_lsn();
             if now == seen {
                 break;
             }
@@ -551,10 +570,14 @@ impl Shared {
 
     /// The leader's work: write out the buffer and sync the active segment.
     fn write_and_sync(&self) -> Result<()> {
-        let (file, end, path) = {
+        let (file, path, end) = {
             let mut w = self.writer.lock();
             w.write_out(self)?;
-            (w.file.clone(), w.end, w.active_path())
+            self.activate(&mut w);
+            // A mapped segment's records are in the file up to its region's `done`; the
+            // writer's `end` stopped where the mapping began.
+            self.mapped_sync_target()
+                .unwrap_or_else(|| (w.file.clone(), w.active_path(), w.end))
         };
         // Outside the writer lock: appends and Buffered writes go on during the sync.
         file.sync_data().map_err(|e| self.fail_sync(&path, e))?;
@@ -570,11 +593,13 @@ impl Shared {
             if self.stop.load(Ordering::Acquire) {
                 break;
             }
-            let appended = self.appended.load(Ordering::Acquire);
+            let appended = self.next_lsn();
+            self.seen_next.fetch_max(appended, Ordering::Relaxed);
             if self.synced.load(Ordering::Acquire) < appended {
                 // A failure is sticky (sync) or reported to the next committer (write).
                 let _ = self.sync_to(appended);
             }
+            self.prefault_ahead();
         }
     }
 }

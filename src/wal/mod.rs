@@ -68,6 +68,7 @@ mod format;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 mod fuzz;
 mod log;
+mod mapped;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod memfs;
 mod segment;
@@ -87,6 +88,17 @@ pub(crate) use log::Wal;
 
 /// A log sequence number: the logical byte offset of a record in the log.
 pub(crate) type Lsn = u64;
+
+/// A record [`Wal::append`] took: its LSN, for [`Wal::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an appended record is acknowledged only after `Wal::commit`"]
+pub(crate) struct Appended {
+    /// The record's LSN.
+    pub(crate) lsn: Lsn,
+    /// The record and every one before it reached the OS already (a mapped `Buffered`
+    /// append): a `Buffered` commit has nothing left to do, and checks nothing shared.
+    pub(super) reached_os: bool,
+}
 
 /// One logged operation, borrowed from the caller (append) or from the log (replay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,8 +38,9 @@ fn scenario(durability: Durability) {
                             value: &value,
                         }
                     };
-                    let lsn = wal.append(op).expect("append");
-                    wal.commit(lsn).expect("commit");
+                    let appended = wal.append(op).expect("append");
+                    wal.commit(appended).expect("commit");
+                    let lsn = appended.lsn;
                     assert!(
                         wal.durable_lsn() > lsn,
                         "commit returned before its record was durable"

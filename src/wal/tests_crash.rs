@@ -53,13 +53,13 @@ fn sigkill_child() {
     for i in next.. {
         let key = i.to_be_bytes();
         let value = child_value(i);
-        let lsn = wal
+        let appended = wal
             .append(LogOp::Insert {
                 key: &key,
                 value: &value,
             })
             .expect("append");
-        wal.commit(lsn).expect("commit");
+        wal.commit(appended).expect("commit");
         println!("ack {i}");
     }
 }
