@@ -4,8 +4,8 @@
 //!
 //! # Use
 //! A writer calls [`Wal::append`] while it holds the page lock (so the log order of a key's
-//! operations is their apply order), releases the lock, then calls [`Wal::commit`] with the
-//! returned LSN; under `Durability::Sync` commit returns once the record is `fdatasync`ed,
+//! operations is their apply order), releases the lock, then calls [`Wal::commit`] with
+//! what `append` returned; under `Durability::Sync` commit returns once the record is `fdatasync`ed,
 //! under `Durability::Buffered` once it reached the OS (a background thread syncs every
 //! `flush_interval`). Recovery: [`Wal::open`], then [`Wal::replay`] from the checkpoint
 //! LSN, before any append. After a checkpoint covering LSNs below `c` is durable,
@@ -23,13 +23,13 @@
 //! `pwrite` and issues one `fdatasync` covering every record appended so far, holding no
 //! lock appends need. The other committers park; the leader wakes them all when its sync is
 //! done, those it covered return at once, and one of the rest leads the next round for
-//! everything appended meanwhile. Under `Buffered`, an append takes the writer lock and
-//! encodes the record straight into the mapped active segment, so the record has reached
-//! the OS when `append` returns and its commit takes no lock; a record that cannot go there
-//! (the file layer cannot map the segment, or the record crosses the mapped window or the
-//! segment's end) goes through the buffer, and its commit writes it out. Nothing under
-//! `Buffered` waits for a sync. (`Sync` keeps `pwrite`: see `Writer::mappable`.)
-//! `fdatasync` writes back a shared mapping's dirty pages like any others.
+//! everything appended meanwhile. Under `Buffered`, an append reserves room in the mapped
+//! active segment with one compare-and-swap and encodes the record there, with no lock
+//! (`mapped`): the record has reached the OS when `append` returns, and its commit does
+//! nothing. Where the file layer cannot map the segment, records go through the buffer and
+//! their commit writes them out. Nothing under `Buffered` waits for a sync. (`Sync` keeps
+//! `pwrite`: see `Writer::mappable`.) `fdatasync` writes back a shared mapping's dirty
+//! pages like any others.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its
