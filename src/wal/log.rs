@@ -419,10 +419,9 @@ impl Wal {
         &self.shared.fs
     }
 
-    /// Bytes of log records since `lsn`, give or take those since the last flush or
-    /// background sync (to
-    /// trigger automatic checkpoints: every write asks, so this reads two atomics and pins
-    /// nothing).
+    /// Bytes of log records since `lsn`, give or take those appended since the last flush
+    /// or background sync. For the automatic checkpoint trigger: every write asks, so this
+    /// reads two atomics and pins nothing.
     pub(crate) fn bytes_since(&self, lsn: Lsn) -> u64 {
         let s = &self.shared;
         let next = s

@@ -1,5 +1,6 @@
 //! Lock-free `Buffered` appends. The active segment is mapped whole into an
-//! [`AppendRegion`] whose positions are LSNs: an append reserves its record's bytes with one
+//! [`AppendRegion`] whose positions stand for LSNs (see below): an append reserves its
+//! record's bytes with one
 //! compare-and-swap, encodes the record straight into the mapping (so it has reached the
 //! OS: a crash of the process keeps the page cache) and publishes it. Publishing waits for
 //! the writers of earlier records, which are copying at that moment; so when an append
