@@ -114,12 +114,16 @@ impl Shared {
 
     /// Every record below this LSN reached the OS (mapped or written).
     pub(super) fn written_lsn(&self) -> Lsn {
-        let written = self.written.load(Ordering::Acquire);
         let guard = sync::pin();
-        match self.active.load(&guard) {
-            Some(a) => a.done_lsn().max(written),
-            None => written,
-        }
+        // The region first: a segment switch raises `written` to the region's end before it
+        // takes the region down, so `written`, read after, covers whatever region this saw
+        // (or the lack of one).
+        let mapped = self
+            .active
+            .load(&guard)
+            .as_ref()
+            .map_or(0, Active::done_lsn);
+        mapped.max(self.written.load(Ordering::Acquire))
     }
 
     /// The LSN the next append gets.
