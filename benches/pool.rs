@@ -72,7 +72,9 @@ fn baseline(c: &mut Criterion) {
 
 fn mapping_locks(c: &mut Criterion) {
     let pool = PoolHarness::new(1 << 20, 10).expect("1 MiB pool");
-    let pids: Vec<u32> = (0..1024).map(|i| pool.add_page(i)).collect();
+    let pids: Vec<u32> = (0..1024)
+        .map(|i| pool.add_page(i).expect("page id"))
+        .collect();
     let mut g = c.benchmark_group("pool_mapping_lock");
     g.throughput(Throughput::Elements(1));
     for (name, exclusive) in [("read", false), ("write", true)] {

@@ -61,9 +61,20 @@ pub enum Error {
         /// The configured cache size in bytes.
         cache_size: usize,
     },
+    /// The tree has as many leaves as it can name (one id each, 2^32 of them), so a write
+    /// that needed a new leaf failed; nothing was changed.
+    TooManyLeaves {
+        /// The most leaves a tree can have.
+        limit: u64,
+    },
 }
 
 impl Error {
+    /// A write needed a new leaf and every leaf id is taken.
+    pub(crate) fn too_many_leaves() -> Self {
+        Error::TooManyLeaves { limit: 1 << 32 }
+    }
+
     /// Wraps an I/O error with the path it concerns.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
@@ -129,6 +140,10 @@ impl fmt::Display for Error {
             Error::CacheFull { cache_size } => write!(
                 f,
                 "the in-memory tree is full ({cache_size} bytes of cache); nothing was written"
+            ),
+            Error::TooManyLeaves { limit } => write!(
+                f,
+                "the tree has {limit} leaves, as many as it can name; nothing was written"
             ),
         }
     }

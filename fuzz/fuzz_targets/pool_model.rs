@@ -48,7 +48,7 @@ fuzz_target!(|input: Input| {
         return;
     };
     let pids: Vec<u32> = (0..input.pages % 16 + 1)
-        .map(|i| pool.add_page(u64::from(i)))
+        .map(|i| pool.add_page(u64::from(i)).expect("a few pages always get ids"))
         .collect();
     let mut model: HashMap<u32, Vec<u8>> = HashMap::new();
     for op in input.ops.iter().take(400) {

@@ -33,9 +33,9 @@ impl BufferPool {
     /// write-locked. A new entry starts on disk: give it a mini-page with `set_mini` (a block
     /// can only be mapped from its `NewBlock` token).
     ///
-    /// Panics if `loc` is `Location::Mini`, a disk page above `MAX_DISK_PAGE`, or all 2^32
-    /// ids are taken: none of these can come from a correct tree.
-    pub(crate) fn insert_page(&self, loc: Location) -> WriteGuard<'_> {
+    /// `None` when all 2^32 ids are taken. Panics if `loc` is `Location::Mini` or a disk
+    /// page above `MAX_DISK_PAGE`: neither can come from a correct tree.
+    pub(crate) fn insert_page(&self, loc: Location) -> Option<WriteGuard<'_>> {
         let Location::Disk(page) = loc else {
             panic!("insert_page takes a disk location; map a block with set_mini");
         };
@@ -43,12 +43,10 @@ impl BufferPool {
             page <= latch::MAX_DISK_PAGE,
             "disk page {page} does not fit a mapping entry"
         );
-        let Some(pid) = self.table.take_id() else {
-            panic!("bfkv: all 2^32 page ids are in use");
-        };
+        let pid = self.table.take_id()?;
         let mut guard = self.write(pid);
         guard.set_location_raw(loc);
-        guard
+        Some(guard)
     }
 
     /// Read-locks `pid` (bounded spin, then park).

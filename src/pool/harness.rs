@@ -18,11 +18,11 @@ impl PoolHarness {
             .map(|pool| PoolHarness { pool })
     }
 
-    /// A new page on disk page `disk`; returns its id.
-    pub fn add_page(&self, disk: u64) -> u32 {
+    /// A new page on disk page `disk`; returns its id, `None` once all 2^32 ids are taken.
+    pub fn add_page(&self, disk: u64) -> Option<u32> {
         self.pool
             .insert_page(Location::Disk(disk % (1 << 40)))
-            .page_id()
+            .map(|g| g.page_id())
     }
 
     /// Usable bytes of size class `class` (modulo the class count): 64, 80, 96, 112, 128,

@@ -23,6 +23,10 @@ pub(super) struct MappingTable {
     next_id: AtomicU32,
     /// Removed ids, reused before new ones (not on the read path: only inserts and removals).
     free_ids: Mutex<Vec<PageId>>,
+    /// Tests: `take_id` answers as if all 2^32 ids were taken (really taking them would need
+    /// 32 GiB of table).
+    #[cfg(test)]
+    exhausted: std::sync::atomic::AtomicBool,
 }
 
 impl MappingTable {
@@ -32,7 +36,15 @@ impl MappingTable {
             segments: std::array::from_fn(|_| OnceLock::new()),
             next_id: AtomicU32::new(0),
             free_ids: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            exhausted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Tests: from now on, `take_id` finds every id taken.
+    #[cfg(test)]
+    pub(super) fn exhaust(&self) {
+        self.exhausted.store(true, Ordering::Relaxed);
     }
 
     /// The word of `pid`, allocating its segment if nobody has yet.
@@ -48,6 +60,10 @@ impl MappingTable {
     /// An id for a new entry: a removed one if any, else a fresh one. `None` when all 2^32
     /// ids are in use.
     pub(super) fn take_id(&self) -> Option<PageId> {
+        #[cfg(test)]
+        if self.exhausted.load(Ordering::Relaxed) {
+            return None;
+        }
         if let Some(pid) = self.free_ids.lock().pop() {
             return Some(pid);
         }

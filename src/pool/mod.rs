@@ -204,6 +204,13 @@ impl BufferPool {
         s
     }
 
+    /// From now on, no new page gets an id, as if 2^32 pages existed (tests of what a full
+    /// id space does; really filling it would take a 16 TiB tree).
+    #[cfg(test)]
+    pub(crate) fn exhaust_ids(&self) {
+        self.table.exhaust();
+    }
+
     /// Bytes the tail can still advance before it reaches the head (free-listed blocks and
     /// tombstones inside the ring not counted): what background eviction keeps above a mark.
     pub(crate) fn ring_free(&self) -> usize {

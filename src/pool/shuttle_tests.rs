@@ -92,7 +92,11 @@ fn pool_scenario() {
     let pool = Arc::new(BufferPool::new(MIN_POOL_SIZE, 30).unwrap());
     let pids: Arc<Vec<PageId>> = Arc::new(
         (0..4)
-            .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+            .map(|i| {
+                pool.insert_page(Location::Disk(i))
+                    .expect("page id")
+                    .page_id()
+            })
             .collect(),
     );
     let handles: Vec<_> = (0..3u64)
@@ -133,7 +137,10 @@ fn shuttle_alloc_dealloc_copy_evict_pct() {
 
 fn lock_scenario() {
     let pool = Arc::new(BufferPool::new(MIN_POOL_SIZE, 0).unwrap());
-    let pid = pool.insert_page(Location::Disk(0)).page_id();
+    let pid = pool
+        .insert_page(Location::Disk(0))
+        .expect("page id")
+        .page_id();
     // Readers count in the low half, writers in the high half.
     let inside = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..3u64)

@@ -28,7 +28,11 @@ fn check(bytes: &[u8], pid: PageId) {
 fn run(threads: usize, secs: u64, capacity: usize) {
     let pool = BufferPool::new(capacity, 10).unwrap();
     let pids: Vec<PageId> = (0..PAGES)
-        .map(|i| pool.insert_page(Location::Disk(i.into())).page_id())
+        .map(|i| {
+            pool.insert_page(Location::Disk(i.into()))
+                .expect("page id")
+                .page_id()
+        })
         .collect();
     let next_disk = AtomicU64::new(1 << 20);
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -128,7 +132,10 @@ fn stress_four_threads() {
 #[test]
 fn stress_locks_exclude_writers() {
     let pool = BufferPool::new(MIN_POOL_SIZE, 0).unwrap();
-    let pid = pool.insert_page(Location::Disk(0)).page_id();
+    let pid = pool
+        .insert_page(Location::Disk(0))
+        .expect("page id")
+        .page_id();
     let inside = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs(2);
     std::thread::scope(|s| {

@@ -49,7 +49,10 @@ fn config_is_checked() {
 #[test]
 fn mapped_block_keeps_its_bytes_and_free_list_reuses_memory() {
     let pool = BufferPool::new(1 << 20, 0).unwrap();
-    let pid = pool.insert_page(Location::Disk(7)).page_id();
+    let pid = pool
+        .insert_page(Location::Disk(7))
+        .expect("page id")
+        .page_id();
     assert!(remap(&pool, pid, 256, 0xAB));
     let r = pool.read(pid);
     let Location::Mini(first) = r.location() else {
@@ -59,7 +62,10 @@ fn mapped_block_keeps_its_bytes_and_free_list_reuses_memory() {
     drop(r);
     // Growing frees the old block onto a free list; the next 256-byte block reuses it.
     assert!(remap(&pool, pid, 512, 0xCD));
-    let other = pool.insert_page(Location::Disk(8)).page_id();
+    let other = pool
+        .insert_page(Location::Disk(8))
+        .expect("page id")
+        .page_id();
     let b = pool.alloc(256, other).unwrap();
     assert_eq!(b.addr(), first);
     let s = pool.stats();
@@ -96,7 +102,11 @@ fn frees_in_copy_on_access_region_become_tombstones() {
 fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
     let pool = BufferPool::new(64 << 10, 10).unwrap();
     let pids: Vec<PageId> = (0..40)
-        .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+        .map(|i| {
+            pool.insert_page(Location::Disk(i))
+                .expect("page id")
+                .page_id()
+        })
         .collect();
     let mut disk = HashMap::new();
     let mut mapped = Vec::new();
@@ -139,7 +149,10 @@ fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
 #[test]
 fn failed_eviction_keeps_the_block_and_is_retried() {
     let pool = BufferPool::new(64 << 10, 0).unwrap();
-    let pid = pool.insert_page(Location::Disk(1)).page_id();
+    let pid = pool
+        .insert_page(Location::Disk(1))
+        .expect("page id")
+        .page_id();
     assert!(remap(&pool, pid, 1024, 0x5A));
     let mut fail = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
         Err(Error::io(
@@ -189,7 +202,11 @@ fn free_listed_and_dead_blocks_are_passed_not_evicted() {
 fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
     let pool = BufferPool::new(100_003, 10).unwrap();
     let pids: Vec<PageId> = (0..64)
-        .map(|i| pool.insert_page(Location::Disk(i)).page_id())
+        .map(|i| {
+            pool.insert_page(Location::Disk(i))
+                .expect("page id")
+                .page_id()
+        })
         .collect();
     let mut disk = HashMap::new();
     let mut rng = 0x1234_5678_u64;
@@ -233,12 +250,21 @@ fn block_that_cannot_fit_is_refused() {
 #[test]
 fn ids_are_reused_and_tables_round_trip() {
     let pool = BufferPool::new(1 << 20, 10).unwrap();
-    let a = pool.insert_page(Location::Disk(10)).page_id();
-    let b = pool.insert_page(Location::Disk(11)).page_id();
+    let a = pool
+        .insert_page(Location::Disk(10))
+        .expect("page id")
+        .page_id();
+    let b = pool
+        .insert_page(Location::Disk(11))
+        .expect("page id")
+        .page_id();
     assert!(remap(&pool, b, 64, 1));
     pool.write(a).remove();
     assert!(pool.read(a).is_removed());
-    let c = pool.insert_page(Location::Disk(12)).page_id();
+    let c = pool
+        .insert_page(Location::Disk(12))
+        .expect("page id")
+        .page_id();
     assert_eq!(c, a);
     let mut entries = pool.page_entries();
     entries.sort_by_key(|e| e.0);
@@ -250,7 +276,12 @@ fn ids_are_reused_and_tables_round_trip() {
     got.sort_by_key(|e| e.0);
     assert_eq!(got, vec![(2, Location::Disk(20)), (5, Location::Disk(50))]);
     let fresh: Vec<PageId> = (0..5)
-        .map(|_| loaded.insert_page(Location::Disk(1)).page_id())
+        .map(|_| {
+            loaded
+                .insert_page(Location::Disk(1))
+                .expect("page id")
+                .page_id()
+        })
         .collect();
     assert_eq!(fresh, vec![0, 1, 3, 4, 6]);
     assert!(matches!(
@@ -266,7 +297,10 @@ fn ids_are_reused_and_tables_round_trip() {
 #[test]
 fn guards_lock_the_entry() {
     let pool = BufferPool::new(1 << 20, 10).unwrap();
-    let pid = pool.insert_page(Location::Disk(3)).page_id();
+    let pid = pool
+        .insert_page(Location::Disk(3))
+        .expect("page id")
+        .page_id();
     let r1 = pool.read(pid);
     let r2 = pool.read(pid);
     assert!(pool.try_write(pid).is_none());

@@ -295,6 +295,15 @@ impl Shared {
         let Some(store) = &self.store else {
             return Ok(Ok(Action::Nothing));
         };
+        // Ids for the new leaves first: running out of them must leave nothing to undo.
+        let mut new_leaves = Vec::with_capacity(groups.len() - 1);
+        for _ in 1..groups.len() {
+            let Some(leaf) = self.pool.insert_page(Location::Disk(NO_PAGE)) else {
+                new_leaves.into_iter().for_each(WriteGuard::remove);
+                return Err(crate::error::Error::too_many_leaves());
+            };
+            new_leaves.push(leaf);
+        }
         let guard = sync::pin();
         let path = Path::descend(self.root_ref(&guard), Seek::Key(key));
         let (low, _) = path.bounds();
@@ -308,8 +317,18 @@ impl Shared {
             };
             let gh = groups.get(g + 1).map_or(high, |(_, next)| next.as_deref());
             let mut buf = PageBuf::new(self.page_size);
-            let page_no = store.allocate()?;
+            let page_no = match store.allocate() {
+                Ok(p) => p,
+                Err(e) => {
+                    new_leaves.into_iter().for_each(WriteGuard::remove);
+                    for p in &pages {
+                        let _ = store.free(*p);
+                    }
+                    return Err(e);
+                }
+            };
             if node::build(&mut buf, NodeKind::Leaf, gl, gh, &records[range.clone()]).is_err() {
+                new_leaves.into_iter().for_each(WriteGuard::remove);
                 for p in pages.iter().chain(std::iter::once(&page_no)) {
                     let _ = store.free(*p);
                 }
@@ -324,6 +343,7 @@ impl Shared {
             bufs.push(buf);
         }
         if let Err(e) = store.write_batch(&pages, &mut bufs) {
+            new_leaves.into_iter().for_each(WriteGuard::remove);
             for p in &pages {
                 let _ = store.free(*p);
             }
@@ -333,8 +353,8 @@ impl Shared {
             key: low.clone().unwrap_or_default(),
             child: ChildRef::Leaf(pid),
         }];
-        for (g, page_no) in pages.iter().enumerate().skip(1) {
-            let new_leaf = self.pool.insert_page(Location::Disk(*page_no));
+        for ((g, page_no), mut new_leaf) in pages.iter().enumerate().skip(1).zip(new_leaves) {
+            drop(new_leaf.set_location_disk(*page_no));
             self.pages.written(new_leaf.page_id(), *page_no);
             entries.push(Entry {
                 key: groups[g].1.clone().unwrap_or_default(),

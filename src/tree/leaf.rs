@@ -560,9 +560,14 @@ impl Shared {
             return Ok(Err(Restart::NeedSpace));
         };
         let mut blocks = vec![first];
-        let mut new_pages = Vec::new();
+        let mut new_pages: Vec<WriteGuard<'_>> = Vec::new();
         for _ in 1..groups.len() {
-            let new_page = self.pool.insert_page(Location::Disk(NO_PAGE));
+            let Some(new_page) = self.pool.insert_page(Location::Disk(NO_PAGE)) else {
+                for p in new_pages {
+                    p.remove();
+                }
+                return Err(Error::too_many_leaves());
+            };
             match self.pool.alloc(self.page_size, new_page.page_id()) {
                 Some(b) => {
                     blocks.push(b);

@@ -326,7 +326,9 @@ impl Shared {
 
     /// A fresh tree: one empty leaf, held as a full-page mirror.
     pub(crate) fn empty_root(pool: &BufferPool, page_size: usize) -> Result<Inner> {
-        let mut guard = pool.insert_page(Location::Disk(NO_PAGE));
+        let mut guard = pool
+            .insert_page(Location::Disk(NO_PAGE))
+            .ok_or_else(Error::too_many_leaves)?;
         let Some(mut block) = pool.alloc(page_size, guard.page_id()) else {
             return Err(Error::InvalidConfig {
                 reason: "cache too small for one leaf page",

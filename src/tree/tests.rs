@@ -92,3 +92,48 @@ fn clean_mirrors_touched_near_the_head_keep_only_their_read_records() {
         assert_eq!((k, v), (key(i as u32), value(i as u32)));
     }
 }
+
+#[test]
+fn a_write_needing_a_new_leaf_when_every_id_is_taken_fails_and_changes_nothing() {
+    for in_memory in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = if in_memory {
+            Config::in_memory()
+        } else {
+            Config::new(dir.path())
+                .cache_size(256 << 10)
+                .durability(crate::Durability::None)
+        };
+        let tree = Tree::open(config).expect("open");
+        let key = |i: u32| format!("k{i:08}").into_bytes();
+        let value = [7u8; 40];
+        for i in 0..2000 {
+            tree.insert(key(i), value).expect("insert");
+        }
+        tree.shared.pool.exhaust_ids();
+        let mut failed = None;
+        for i in 2000..100_000 {
+            match tree.insert(key(i), value) {
+                Ok(()) => {}
+                Err(crate::Error::TooManyLeaves { limit }) => {
+                    assert_eq!(limit, 1 << 32);
+                    failed = Some(i);
+                    break;
+                }
+                Err(e) => panic!("in memory {in_memory}: {e}"),
+            }
+        }
+        let failed = failed.expect("no insert needed a new leaf");
+        assert_eq!(tree.get(key(failed)).expect("get"), None);
+        for i in 0..failed {
+            assert_eq!(
+                tree.get(key(i)).expect("get").as_deref(),
+                Some(&value[..]),
+                "in memory {in_memory}: key {i}"
+            );
+        }
+        if let Err(e) = tree.shared.check_structure() {
+            panic!("in memory {in_memory}: {e}");
+        }
+    }
+}
