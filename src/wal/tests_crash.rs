@@ -1,6 +1,8 @@
 //! The log across real process deaths: a child process (this test binary re-executed)
 //! appends and commits under `Sync` and `Buffered`, printing each acknowledged record; the
-//! parent SIGKILLs it at random points and checks every acknowledged record replays.
+//! parent SIGKILLs it at random points and checks every acknowledged record replays. A
+//! second child runs four writer threads, so kills land while records are reserved but not
+//! yet written, and segment switches are waiting for them.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -114,6 +116,112 @@ fn committed_records_survive_sigkill() {
             assert!(
                 n >= want,
                 "{mode} cycle {cycle}: {n} records, {want} acknowledged"
+            );
+        }
+    }
+}
+
+/// Writer threads in `four_writers_survive_sigkill`'s child.
+const WRITERS: u8 = 4;
+
+/// Environment variable that turns `sigkill_child_four_writers` into the writer process.
+const CHILD4_ENV: &str = "BFKV_WAL_SIGKILL_CHILD4";
+
+/// Not a test by itself: run by `four_writers_survive_sigkill` in a child process. Four
+/// threads append and commit under `Buffered` (the lock-free mapped path, with small
+/// segments so that switches happen), each numbering its records from where the log left
+/// it, printing `ack <thread> <i>` after each commit, until the process is killed.
+#[test]
+fn sigkill_child_four_writers() {
+    let Some(dir) = std::env::var_os(CHILD4_ENV) else {
+        return;
+    };
+    let wal = Wal::open(Path::new(&dir), config(Durability::Buffered)).expect("child open");
+    let mut next = [0u64; WRITERS as usize];
+    wal.replay(0, |_, op| {
+        if let LogOp::Insert { key, .. } = op {
+            next[usize::from(key[0])] += 1;
+        }
+        Ok(())
+    })
+    .expect("child replay");
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (wal, start) = (&wal, next[usize::from(t)]);
+            s.spawn(move || {
+                for i in start.. {
+                    let mut key = vec![t];
+                    key.extend_from_slice(&i.to_be_bytes());
+                    let value = child_value(i);
+                    let appended = wal
+                        .append(LogOp::Insert {
+                            key: &key,
+                            value: &value,
+                        })
+                        .expect("append");
+                    wal.commit(appended).expect("commit");
+                    println!("ack {t} {i}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn four_writers_survive_sigkill() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut acked: [Option<u64>; WRITERS as usize] = [None; WRITERS as usize];
+    for cycle in 0..20 {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "wal::tests_crash::sigkill_child_four_writers",
+                "--nocapture",
+            ])
+            .env(CHILD4_ENV, dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("stdout");
+        let kill_after = rng.gen_range(200..2000u64);
+        let mut seen = 0u64;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("child output");
+            let Some(rest) = line.strip_prefix("ack ") else {
+                continue;
+            };
+            let (t, i) = rest.split_once(' ').expect("ack <thread> <i>");
+            let (t, i): (usize, u64) = (t.parse().expect("thread"), i.parse().expect("i"));
+            acked[t] = Some(acked[t].map_or(i, |a| a.max(i)));
+            seen += 1;
+            if seen == kill_after {
+                child.kill().expect("SIGKILL");
+            }
+        }
+        assert!(!child.wait().expect("wait").success(), "cycle {cycle}");
+        assert!(seen >= kill_after, "cycle {cycle}: child died early");
+        // Each thread's records are a gapless prefix of its numbering, with their values,
+        // and reach past its last acknowledged one.
+        let wal = Wal::open(dir.path(), config(Durability::Sync)).expect("reopen");
+        let mut n = [0u64; WRITERS as usize];
+        wal.replay(0, |_, op| {
+            let LogOp::Insert { key, value } = op else {
+                panic!("only inserts were logged");
+            };
+            let t = usize::from(key[0]);
+            assert_eq!(key[1..], n[t].to_be_bytes(), "cycle {cycle} thread {t}");
+            assert_eq!(value, child_value(n[t]));
+            n[t] += 1;
+            Ok(())
+        })
+        .expect("replay");
+        for t in 0..usize::from(WRITERS) {
+            let want = acked[t].map_or(0, |a| a + 1);
+            assert!(
+                n[t] >= want,
+                "cycle {cycle} thread {t}: {} records, {want} acknowledged",
+                n[t]
             );
         }
     }
