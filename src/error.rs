@@ -182,6 +182,12 @@ mod tests {
             limit: 1024,
         };
         assert!(e.to_string().contains("2000") && e.to_string().contains("1024"));
+
+        let e = Error::too_many_leaves();
+        assert_eq!(
+            e.to_string(),
+            "the tree has 4294967296 leaves, as many as it can name; nothing was written"
+        );
     }
 
     #[test]
