@@ -387,3 +387,69 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests {
+    use super::*;
+    use crate::sync::{thread, Arc};
+
+    /// Two writers reserve, fill and publish while a third thread seals the region and
+    /// waits for `done` to reach the seal, as a log segment switch does. Whatever the
+    /// interleaving: the ranges handed out are disjoint and tile the region up to the seal,
+    /// `done` never passes a range before it is published, and nothing is reserved after
+    /// the seal.
+    #[test]
+    fn shuttle_writers_publish_in_order_and_a_seal_waits_for_them() {
+        shuttle::check_random(
+            || {
+                let map = MmapMut::map_anon(4096).expect("anonymous map");
+                let r = Arc::new(AppendRegion::new(map, 100, 100));
+                let writers: Vec<_> = (1..=2u8)
+                    .map(|t| {
+                        let r = r.clone();
+                        thread::spawn(move || {
+                            let mut mine = Vec::new();
+                            for k in 0..3u64 {
+                                let Some(s) = r.reserve(8 + k) else { break };
+                                s.bytes.fill(t);
+                                let (start, end) = (s.start, s.end);
+                                assert!(r.done() <= start, "done passed an unpublished range");
+                                while !r.publish(start, end) {
+                                    thread::yield_now();
+                                }
+                                assert!(r.done() >= end);
+                                mine.push((start, end));
+                            }
+                            mine
+                        })
+                    })
+                    .collect();
+                let sealer = {
+                    let r = r.clone();
+                    thread::spawn(move || {
+                        let sealed = r.seal();
+                        while r.done() < sealed {
+                            thread::yield_now();
+                        }
+                        sealed
+                    })
+                };
+                let sealed = sealer.join().expect("sealer");
+                let mut ranges: Vec<(u64, u64)> = writers
+                    .into_iter()
+                    .flat_map(|h| h.join().expect("writer"))
+                    .collect();
+                ranges.sort_unstable();
+                let mut at = 100;
+                for (start, end) in ranges {
+                    assert_eq!(start, at, "ranges overlap or leave a gap");
+                    at = end;
+                }
+                assert_eq!(at, sealed, "a range was reserved past the seal");
+                assert_eq!(r.done(), sealed);
+                assert!(r.reserve(1).is_none());
+            },
+            1000,
+        );
+    }
+}
