@@ -307,48 +307,13 @@ impl Shared {
         let guard = sync::pin();
         let path = Path::descend(self.root_ref(&guard), Seek::Key(key));
         let (low, _) = path.bounds();
-        let mut pages = Vec::with_capacity(groups.len());
-        let mut bufs = Vec::with_capacity(groups.len());
-        for (g, (range, glow)) in groups.iter().enumerate() {
-            let gl = if g == 0 {
-                low.as_deref()
-            } else {
-                glow.as_deref()
-            };
-            let gh = groups.get(g + 1).map_or(high, |(_, next)| next.as_deref());
-            let mut buf = PageBuf::new(self.page_size);
-            let page_no = match store.allocate() {
-                Ok(p) => p,
-                Err(e) => {
-                    new_leaves.into_iter().for_each(WriteGuard::remove);
-                    for p in &pages {
-                        let _ = store.free(*p);
-                    }
-                    return Err(e);
-                }
-            };
-            if node::build(&mut buf, NodeKind::Leaf, gl, gh, &records[range.clone()]).is_err() {
+        let pages = match self.write_leaves(&**store, low.as_deref(), high, records, groups) {
+            Ok(pages) => pages,
+            Err(e) => {
                 new_leaves.into_iter().for_each(WriteGuard::remove);
-                for p in pages.iter().chain(std::iter::once(&page_no)) {
-                    let _ = store.free(*p);
-                }
-                return Err(crate::error::Error::corruption(
-                    &self.data_path,
-                    Some(page_no),
-                    "leaf did not fit its page",
-                ));
+                return Err(e);
             }
-            NodeMut::from_bytes(&mut buf).set_disk_page(Some(page_no));
-            pages.push(page_no);
-            bufs.push(buf);
-        }
-        if let Err(e) = store.write_batch(&pages, &mut bufs) {
-            new_leaves.into_iter().for_each(WriteGuard::remove);
-            for p in &pages {
-                let _ = store.free(*p);
-            }
-            return Err(e);
-        }
+        };
         let mut entries = vec![Entry {
             key: low.clone().unwrap_or_default(),
             child: ChildRef::Leaf(pid),
@@ -369,6 +334,49 @@ impl Shared {
         }
         self.pages.written(pid, pages[0]);
         Ok(Ok(Action::Detach(pages[0])))
+    }
+
+    /// Builds one leaf per group (the first bounded below by `low`, the last above by
+    /// `high`) in newly allocated pages and writes them; returns the pages, in group order.
+    /// On failure no page stays allocated.
+    fn write_leaves(
+        &self,
+        store: &dyn PageStore,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        records: &[Record],
+        groups: &[(std::ops::Range<usize>, Option<Vec<u8>>)],
+    ) -> Result<Vec<u64>> {
+        let mut pages = Vec::with_capacity(groups.len());
+        let mut bufs = Vec::with_capacity(groups.len());
+        let mut built = || -> Result<()> {
+            for (g, (range, glow)) in groups.iter().enumerate() {
+                let gl = if g == 0 { low } else { glow.as_deref() };
+                let gh = groups.get(g + 1).map_or(high, |(_, next)| next.as_deref());
+                let mut buf = PageBuf::new(self.page_size);
+                let page_no = store.allocate()?;
+                pages.push(page_no);
+                if node::build(&mut buf, NodeKind::Leaf, gl, gh, &records[range.clone()]).is_err() {
+                    return Err(crate::error::Error::corruption(
+                        &self.data_path,
+                        Some(page_no),
+                        "leaf did not fit its page",
+                    ));
+                }
+                NodeMut::from_bytes(&mut buf).set_disk_page(Some(page_no));
+                bufs.push(buf);
+            }
+            store.write_batch(&pages, &mut bufs)
+        };
+        match built() {
+            Ok(()) => Ok(pages),
+            Err(e) => {
+                for p in &pages {
+                    let _ = store.free(*p);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Frees the page ids of leaves removed while their guard belonged to someone else.
