@@ -15,7 +15,7 @@
 //! load and a store, not a read-modify-write: a whole reservation costs one atomic
 //! instruction.
 
-use memmap2::MmapMut;
+use memmap2::{Advice, MmapMut, UncheckedAdvice};
 
 use super::{AtomicU64, Ordering};
 
@@ -59,10 +59,10 @@ pub(crate) struct AppendRegion {
     /// Mapped bytes below this offset were prefaulted (`prefault`).
     prefaulted: AtomicU64,
     /// Owns the mapping `ptr` points into.
-    _map: MmapMut,
+    map: MmapMut,
 }
 
-// SAFETY: the raw pointer is into `_map`, which lives exactly as long as the region. Bytes
+// SAFETY: the raw pointer is into `map`, which lives exactly as long as the region. Bytes
 // are only reached through `reserve`, which hands each range to one caller (the cursor only
 // moves forward, by compare-and-swap), so sharing the region between threads shares no
 // bytes; the counters are atomics.
@@ -99,7 +99,7 @@ impl AppendRegion {
             len,
             released: AtomicU64::new(0),
             prefaulted: AtomicU64::new(0),
-            _map: map,
+            map,
         }
     }
 
@@ -203,25 +203,10 @@ impl AppendRegion {
     /// Advice only: on failure the writers fault the pages in themselves.
     pub(crate) fn prefault(&self, from: u64, to: u64) {
         let page = page_size();
-        let lo = from.saturating_sub(self.base).min(self.len) / page * page;
-        let lo = lo.max(self.prefaulted.load(Ordering::Relaxed));
-        let hi = to.saturating_sub(self.base).min(self.len);
-        if hi <= lo {
-            return;
-        }
-        // SAFETY: the range is inside the mapping (`hi` is at most its length).
-        // MADV_POPULATE_READ only maps pages as a read fault would; it changes no byte, so
-        // slot writers in or near the range see their own bytes as after any page fault.
-        let rc = unsafe {
-            libc::madvise(
-                self.ptr.add(lo as usize).cast(),
-                (hi - lo) as usize,
-                libc::MADV_POPULATE_READ,
-            )
-        };
-        if rc == 0 {
-            self.prefaulted.fetch_max(hi, Ordering::Relaxed);
-        }
+        let (lo, hi) = (self.offset(from) / page * page, self.offset(to));
+        self.advise_once(&self.prefaulted, lo, hi, |map, at, len| {
+            map.advise_range(Advice::PopulateRead, at, len)
+        });
     }
 
     /// Drops the whole pages below position `below` from this process's page tables (the
@@ -232,25 +217,37 @@ impl AppendRegion {
     /// there would only fault the page back in.
     pub(crate) fn release_below(&self, below: u64) {
         let page = page_size();
-        let to = below.saturating_sub(self.base).min(self.len) / page * page;
-        let from = self.released.load(Ordering::Relaxed);
+        let to = self.offset(below) / page * page;
+        self.advise_once(&self.released, 0, to, |map, at, len| {
+            // SAFETY: for a shared file mapping, MADV_DONTNEED only unmaps the pages: their
+            // contents stay in the page cache (dirty pages stay dirty) and the next access
+            // maps them again, so no byte a slot holds or a reader sees changes. An
+            // anonymous mapping (tests) would lose its bytes, which is why `new` is only
+            // given file mappings outside tests of this file.
+            unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, at, len) }
+        });
+    }
+
+    /// Byte offset in the mapping of position `pos`, clamped to the mapping.
+    fn offset(&self, pos: u64) -> u64 {
+        pos.saturating_sub(self.base).min(self.len)
+    }
+
+    /// Applies `advise` to the mapped bytes `from..to`, less those below `mark` (done by an
+    /// earlier call), and moves `mark` to `to` if it worked.
+    fn advise_once(
+        &self,
+        mark: &AtomicU64,
+        from: u64,
+        to: u64,
+        advise: impl FnOnce(&MmapMut, usize, usize) -> std::io::Result<()>,
+    ) {
+        let from = from.max(mark.load(Ordering::Relaxed));
         if to <= from {
             return;
         }
-        // SAFETY: the range is inside the mapping (`to` is at most its length). For a shared
-        // file mapping, MADV_DONTNEED only unmaps the pages: their contents stay in the page
-        // cache (dirty pages stay dirty) and the next access maps them again, so no byte a
-        // slot holds or a reader sees changes. An anonymous mapping (tests) would lose its
-        // bytes, which is why `new` is only given file mappings outside tests of this file.
-        let rc = unsafe {
-            libc::madvise(
-                self.ptr.add(from as usize).cast(),
-                (to - from) as usize,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if rc == 0 {
-            self.released.fetch_max(to, Ordering::Relaxed);
+        if advise(&self.map, from as usize, (to - from) as usize).is_ok() {
+            mark.fetch_max(to, Ordering::Relaxed);
         }
     }
 }
@@ -259,7 +256,7 @@ impl AppendRegion {
 impl AppendRegion {
     /// The whole mapping; `&mut self` proves no slot is alive.
     fn filled(&mut self) -> &[u8] {
-        &self._map[..]
+        &self.map[..]
     }
 }
 
