@@ -205,7 +205,7 @@ impl Wal {
         let (segments, end) = {
             let w = s.writer.lock();
             // Past the writer's end while a segment is mapped: its records are in the file.
-            (w.segments.clone(), s.written_lsn().max(w.end))
+            (w.segments.clone(), s.written_lsn())
         };
         let mut stats = ReplayStats {
             end_lsn: end,

@@ -66,6 +66,38 @@ fn sigkill_child() {
     }
 }
 
+/// Runs the child test `name` with `env` set to `value`, passes the text after `ack ` of
+/// each acknowledgement it prints to `on_ack`, and SIGKILLs it after the `kill_after`-th.
+/// Checks that it was killed, not that it ended by itself first.
+fn kill_child_after(
+    name: &str,
+    env: &str,
+    value: &std::ffi::OsStr,
+    kill_after: u64,
+    mut on_ack: impl FnMut(&str),
+) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", name, "--nocapture"])
+        .env(env, value)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut seen = 0u64;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("child output");
+        if let Some(ack) = line.strip_prefix("ack ") {
+            on_ack(ack);
+            seen += 1;
+            if seen == kill_after {
+                child.kill().expect("SIGKILL");
+            }
+        }
+    }
+    assert!(!child.wait().expect("wait").success(), "{name}: not killed");
+    assert!(seen >= kill_after, "{name}: the child died early");
+}
+
 #[test]
 fn committed_records_survive_sigkill() {
     let mut rng = StdRng::seed_from_u64(12);
@@ -73,32 +105,18 @@ fn committed_records_survive_sigkill() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut acked: Option<u64> = None;
         for cycle in 0..6 {
-            let mut child = Command::new(std::env::current_exe().expect("test binary"))
-                .args(["--exact", "wal::tests_crash::sigkill_child", "--nocapture"])
-                .env(CHILD_ENV, format!("{mode}:{}", dir.path().display()))
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn child");
-            let stdout = child.stdout.take().expect("stdout");
+            let spec = format!("{mode}:{}", dir.path().display());
             let kill_after = rng.gen_range(100..400u64);
-            let mut seen = 0u64;
-            for line in BufReader::new(stdout).lines() {
-                let line = line.expect("child output");
-                if let Some(i) = line.strip_prefix("ack ") {
+            kill_child_after(
+                "wal::tests_crash::sigkill_child",
+                CHILD_ENV,
+                spec.as_ref(),
+                kill_after,
+                |i| {
                     let i: u64 = i.parse().expect("ack number");
                     acked = Some(acked.map_or(i, |a| a.max(i)));
-                    seen += 1;
-                    if seen == kill_after {
-                        child.kill().expect("SIGKILL");
-                    }
-                }
-            }
-            let status = child.wait().expect("wait");
-            assert!(
-                !status.success(),
-                "{mode} cycle {cycle}: the child was killed"
+                },
             );
-            assert!(seen >= kill_after, "{mode} cycle {cycle}: child died early");
             // Every acknowledged record is there, in order, with its value.
             let wal = Wal::open(dir.path(), config(Durability::Sync)).expect("reopen");
             let mut n = 0u64;
@@ -173,34 +191,18 @@ fn four_writers_survive_sigkill() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut acked: [Option<u64>; WRITERS as usize] = [None; WRITERS as usize];
     for cycle in 0..20 {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "wal::tests_crash::sigkill_child_four_writers",
-                "--nocapture",
-            ])
-            .env(CHILD4_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
         let kill_after = rng.gen_range(200..2000u64);
-        let mut seen = 0u64;
-        for line in BufReader::new(stdout).lines() {
-            let line = line.expect("child output");
-            let Some(rest) = line.strip_prefix("ack ") else {
-                continue;
-            };
-            let (t, i) = rest.split_once(' ').expect("ack <thread> <i>");
-            let (t, i): (usize, u64) = (t.parse().expect("thread"), i.parse().expect("i"));
-            acked[t] = Some(acked[t].map_or(i, |a| a.max(i)));
-            seen += 1;
-            if seen == kill_after {
-                child.kill().expect("SIGKILL");
-            }
-        }
-        assert!(!child.wait().expect("wait").success(), "cycle {cycle}");
-        assert!(seen >= kill_after, "cycle {cycle}: child died early");
+        kill_child_after(
+            "wal::tests_crash::sigkill_child_four_writers",
+            CHILD4_ENV,
+            dir.path().as_os_str(),
+            kill_after,
+            |ack| {
+                let (t, i) = ack.split_once(' ').expect("ack <thread> <i>");
+                let (t, i): (usize, u64) = (t.parse().expect("thread"), i.parse().expect("i"));
+                acked[t] = Some(acked[t].map_or(i, |a| a.max(i)));
+            },
+        );
         // Each thread's records are a gapless prefix of its numbering, with their values,
         // and reach past its last acknowledged one.
         let wal = Wal::open(dir.path(), config(Durability::Sync)).expect("reopen");
