@@ -23,8 +23,9 @@ const KEYS: u32 = 2000;
 /// Operations before the checkpoint, and in total.
 const BEFORE_CHECKPOINT: usize = 1500;
 const OPS: usize = 3000;
-/// A log record takes this many bytes plus its key and value (length, crc, LSN, op, lengths).
-const RECORD_OVERHEAD: u64 = 25;
+/// A log record takes this many bytes plus its key and value: checksum, op, and the two
+/// lengths, one byte each (every key and value here is shorter than 128 bytes).
+const RECORD_OVERHEAD: u64 = 7;
 const HEADER: u64 = 64;
 
 #[derive(Clone, Debug)]
@@ -423,15 +424,17 @@ fn damaged_files_give_correct_data_or_corruption() {
     expect_prefix(&model, read_back(dir, "restored"), OPS, "restored");
 }
 
-/// Bytes of a segment file up to its last nonzero byte (where its records end).
+/// Bytes of a segment file up to where its records end.
 fn used_len(bytes: &[u8]) -> u64 {
+    // A record: crc32c (4 bytes), op (1, never 0), key and value lengths (one byte each
+    // here, every length being below 128), key, value. Preallocated space is zeros.
     let mut at = HEADER as usize;
-    while let Some(len) = bytes.get(at..at + 4) {
-        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        if len == 0 {
+    while let Some(&[op, klen, vlen]) = bytes.get(at + 4..at + 7) {
+        if op == 0 {
             break;
         }
-        at += 8 + len;
+        assert!(klen < 0x80 && vlen < 0x80, "one-byte lengths");
+        at += RECORD_OVERHEAD as usize + usize::from(klen) + usize::from(vlen);
     }
     at as u64
 }

@@ -10,17 +10,17 @@ use crate::error::{Error, Result};
 /// First bytes of every segment file.
 pub(crate) const MAGIC: [u8; 8] = *b"BFKVWAL\0";
 /// Format version written into segment headers; a reader rejects any other.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Bytes reserved for the segment header; records start at this file offset.
 pub(crate) const HEADER_SIZE: u64 = 64;
 /// Bytes of the header covered by its checksum (magic .. first LSN).
 const HEADER_CHECKED: usize = 32;
-/// Length prefix plus checksum in front of every record body.
-pub(crate) const RECORD_PREFIX: u64 = 8;
-/// Fixed part of a record body: LSN u64, op u8, key length u32, value length u32.
-pub(crate) const BODY_FIXED: u64 = 17;
-/// Bytes a record takes besides its key and value.
-pub(crate) const RECORD_OVERHEAD: u64 = RECORD_PREFIX + BODY_FIXED;
+/// Checksum and operation byte in front of every record's lengths.
+const RECORD_FIXED: u64 = 5;
+/// Most bytes a LEB128 length of a `u32` takes.
+const MAX_VARINT: u64 = 5;
+/// Most bytes a record takes besides its key and value (the lengths at their longest).
+const MAX_HEAD: u64 = RECORD_FIXED + 2 * MAX_VARINT;
 /// Smallest accepted segment size: a header and room for real records.
 pub(crate) const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Largest accepted segment size: keeps every record body (bounded by the segment) within
@@ -34,10 +34,51 @@ const OP_REMOVE: u8 = 2;
 /// Bytes the record for `op` takes in the log; also how far it advances the LSN.
 pub(crate) fn record_len(op: &LogOp<'_>) -> u64 {
     let (k, v) = match op {
-        LogOp::Insert { key, value } => (key.len(), value.len()),
-        LogOp::Remove { key } => (key.len(), 0),
+        LogOp::Insert { key, value } => (key.len() as u64, value.len() as u64),
+        LogOp::Remove { key } => (key.len() as u64, 0),
     };
-    RECORD_OVERHEAD + k as u64 + v as u64
+    RECORD_FIXED + varint_len(k) + varint_len(v) + k + v
+}
+
+/// The longest key a record may have in `room` bytes (with an empty value).
+pub(crate) fn max_key_len(room: u64) -> u64 {
+    longest_fitting(room.saturating_sub(RECORD_FIXED + 1))
+}
+
+/// The longest value a record with a `key_len`-byte key may have in `room` bytes; `None` if
+/// the key alone does not fit.
+pub(crate) fn max_value_len(room: u64, key_len: u64) -> Option<u64> {
+    let rest = room.checked_sub(RECORD_FIXED + varint_len(key_len) + key_len)?;
+    (rest > 0).then(|| longest_fitting(rest))
+}
+
+/// The largest `n` with `varint_len(n) + n <= room` (`room` at least 1; 0 otherwise).
+fn longest_fitting(room: u64) -> u64 {
+    let mut n = room.saturating_sub(1);
+    // At most four steps: the length's encoding shrinks by a byte each time `n` crosses a
+    // power of 128.
+    while n > 0 && varint_len(n) + n > room {
+        n -= 1;
+    }
+    n
+}
+
+/// Bytes the LEB128 encoding of `n` takes (7 bits per byte).
+fn varint_len(n: u64) -> u64 {
+    let bits = 64 - u64::from(n.leading_zeros());
+    bits.div_ceil(7).max(1)
+}
+
+/// Writes `n` as LEB128 at the start of `out`; returns the bytes written.
+fn put_varint(out: &mut [u8], mut n: u64) -> usize {
+    let mut i = 0;
+    while n >= 0x80 {
+        out[i] = (n as u8 & 0x7f) | 0x80;
+        n >>= 7;
+        i += 1;
+    }
+    out[i] = n as u8;
+    i + 1
 }
 
 /// Appends the record for `op` at `lsn` to `out`. The caller checked that the key and value
@@ -57,33 +98,52 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
         LogOp::Remove { key } => (OP_REMOVE, key, &[]),
     };
     debug_assert_eq!(out.len() as u64, record_len(op));
-    let body_len = BODY_FIXED as usize + key.len() + value.len();
-    let (prefix, body) = out.split_at_mut(RECORD_PREFIX as usize);
-    prefix[..4].copy_from_slice(&(body_len as u32).to_le_bytes());
-    body[..8].copy_from_slice(&lsn.to_le_bytes());
-    body[8] = code;
-    body[9..13].copy_from_slice(&(key.len() as u32).to_le_bytes());
-    body[13..17].copy_from_slice(&(value.len() as u32).to_le_bytes());
-    let (k, v) = body[BODY_FIXED as usize..].split_at_mut(key.len());
-    k.copy_from_slice(key);
-    v.copy_from_slice(value);
-    let crc = record_crc(&prefix[..4], body);
-    prefix[4..8].copy_from_slice(&crc.to_le_bytes());
+    out[4] = code;
+    let mut at = RECORD_FIXED as usize;
+    at += put_varint(&mut out[at..], key.len() as u64);
+    at += put_varint(&mut out[at..], value.len() as u64);
+    out[at..at + key.len()].copy_from_slice(key);
+    at += key.len();
+    out[at..at + value.len()].copy_from_slice(value);
+    let crc = record_crc(lsn, &out[4..]);
+    out[..4].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// The record checksum covers the length prefix too, so a damaged length cannot make the
-/// reader check the wrong bytes against a checksum that happens to match.
-fn record_crc(len: &[u8], body: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(len), body)
+/// The record checksum covers the record's LSN, which is not stored: a record read anywhere
+/// but at its own position (a stale record of a recycled or reused file, a copy in the wrong
+/// place) fails it. It covers the lengths too, so damaged lengths cannot make the reader
+/// check the wrong bytes against a checksum that happens to match.
+fn record_crc(lsn: Lsn, rest: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&lsn.to_le_bytes()), rest)
+}
+
+/// The record lengths at the start of `b` (after the operation byte): key length, value
+/// length, and the bytes they took. `None` if `b` ends first or a length does not fit in a
+/// `u32` (a writer never encodes one that does not).
+fn get_lengths(b: &[u8]) -> Option<(u64, u64, usize)> {
+    let (k, a) = get_varint(b)?;
+    let (v, c) = get_varint(b.get(a..)?)?;
+    Some((k, v, a + c))
+}
+
+/// Decodes one LEB128 `u32` at the start of `b`: the value and the bytes it took.
+fn get_varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut n = 0u64;
+    for (i, &byte) in b.iter().take(MAX_VARINT as usize).enumerate() {
+        n |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return (n <= u64::from(u32::MAX)).then_some((n, i + 1));
+        }
+    }
+    None
 }
 
 /// Length of the whole records at the start of `buf` that fit in `room` bytes. `buf` holds
 /// whole records as `encode_record` wrote them.
 pub(crate) fn fitting_prefix(buf: &[u8], room: u64) -> usize {
     let mut at = 0usize;
-    while at + 4 <= buf.len() {
-        let body = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
-        let len = RECORD_PREFIX as usize + body as usize;
+    while let Some((k, v, n)) = buf.get(at + RECORD_FIXED as usize..).and_then(get_lengths) {
+        let len = RECORD_FIXED as usize + n + k as usize + v as usize;
         if (at + len) as u64 > room {
             break;
         }
@@ -199,49 +259,73 @@ pub(crate) fn scan_records<R: Read>(
         records: 0,
         tail: Tail::Clean,
     };
-    let mut body = Vec::new();
+    let mut data = Vec::new();
     loop {
         let room = header.segment_size.saturating_sub(scan.end_offset);
-        if room < RECORD_OVERHEAD {
+        // The smallest record: checksum, operation, two one-byte lengths.
+        if room < RECORD_FIXED + 2 {
             return Ok(scan);
         }
-        let mut prefix = [0u8; RECORD_PREFIX as usize];
-        let n = read_full(r, &mut prefix).map_err(|e| Error::io(path, e))?;
-        if prefix[..n].iter().all(|&b| b == 0) {
-            // End of file or preallocated zeros: where the writer stopped.
+        // Checksum, operation and the longest lengths, read one byte at a time past the
+        // fixed part so the reader stays at the key.
+        let mut head = [0u8; MAX_HEAD as usize];
+        let fixed = RECORD_FIXED as usize;
+        let n = read_full(r, &mut head[..fixed]).map_err(|e| Error::io(path, e))?;
+        if head[..n].iter().all(|&b| b == 0) {
+            // End of file or preallocated zeros: where the writer stopped (no record starts
+            // with a zero operation byte).
             return Ok(scan);
         }
-        if n < prefix.len() {
+        if n < fixed {
             return Ok(scan.torn("truncated record header"));
         }
-        let body_len = u64::from(u32::from_le_bytes([
-            prefix[0], prefix[1], prefix[2], prefix[3],
-        ]));
-        if body_len < BODY_FIXED || body_len > room - RECORD_PREFIX {
+        let mut have = fixed;
+        let (klen, vlen, lengths) = loop {
+            if let Some(found) = get_lengths(&head[fixed..have]) {
+                break found;
+            }
+            if have == head.len() {
+                return Ok(scan.torn("record lengths malformed"));
+            }
+            if read_full(r, &mut head[have..=have]).map_err(|e| Error::io(path, e))? == 0 {
+                return Ok(scan.torn("truncated record header"));
+            }
+            have += 1;
+        };
+        let head_len = (fixed + lengths) as u64;
+        let data_len = klen + vlen;
+        if data_len > room.saturating_sub(head_len) {
             return Ok(scan.torn("record length out of range"));
         }
-        body.clear();
+        data.clear();
         // `take` bounds the read by the bytes that exist, so a huge garbage length cannot
         // allocate more than the file holds.
         let got = r
             .by_ref()
-            .take(body_len)
-            .read_to_end(&mut body)
+            .take(data_len)
+            .read_to_end(&mut data)
             .map_err(|e| Error::io(path, e))?;
-        if (got as u64) < body_len {
+        if (got as u64) < data_len {
             return Ok(scan.torn("truncated record"));
         }
-        let crc = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
-        if crc != record_crc(&prefix[..4], &body) {
+        let crc = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let expected = crc32c::crc32c_append(
+            crc32c::crc32c_append(crc32c::crc32c(&scan.end_lsn.to_le_bytes()), &head[4..have]),
+            &data,
+        );
+        if crc != expected {
+            // Also a valid record from another place in the log (its LSN is not this one).
             return Ok(scan.torn("record checksum mismatch"));
         }
-        let op = match decode_body(&body, scan.end_lsn) {
-            Ok(op) => op,
-            Err(reason) => return Ok(scan.torn(reason)),
+        let (key, value) = data.split_at(klen as usize);
+        let op = match head[4] {
+            OP_INSERT => LogOp::Insert { key, value },
+            OP_REMOVE if vlen == 0 => LogOp::Remove { key },
+            _ => return Ok(scan.torn("unknown record operation")),
         };
         visit(scan.end_lsn, op)?;
-        scan.end_offset += RECORD_PREFIX + body_len;
-        scan.end_lsn += RECORD_PREFIX + body_len;
+        scan.end_offset += head_len + data_len;
+        scan.end_lsn += head_len + data_len;
         scan.records += 1;
     }
 }
@@ -251,29 +335,6 @@ impl Scan {
     fn torn(mut self, reason: &'static str) -> Scan {
         self.tail = Tail::Torn(reason);
         self
-    }
-}
-
-/// Decodes a checksummed record body that must carry LSN `expected`.
-fn decode_body(body: &[u8], expected: Lsn) -> Result<LogOp<'_>, &'static str> {
-    if body.len() < BODY_FIXED as usize {
-        return Err("record length out of range");
-    }
-    if le_u64(&body[0..8]) != expected {
-        // A valid record from another place in the log (a stale or misplaced copy).
-        return Err("record LSN out of sequence");
-    }
-    let klen = u32::from_le_bytes([body[9], body[10], body[11], body[12]]) as usize;
-    let vlen = u32::from_le_bytes([body[13], body[14], body[15], body[16]]) as usize;
-    let data = &body[BODY_FIXED as usize..];
-    if klen.checked_add(vlen) != Some(data.len()) {
-        return Err("record key and value lengths disagree with its length");
-    }
-    let (key, value) = data.split_at(klen);
-    match body[8] {
-        OP_INSERT => Ok(LogOp::Insert { key, value }),
-        OP_REMOVE if vlen == 0 => Ok(LogOp::Remove { key }),
-        _ => Err("unknown record operation"),
     }
 }
 
@@ -289,4 +350,161 @@ fn read_full<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    /// A segment holding `ops` from LSN `first`, in a file of `size` bytes (zeros after).
+    fn segment(first: Lsn, ops: &[LogOp<'_>], size: u64) -> (SegmentHeader, Vec<u8>) {
+        let header = SegmentHeader {
+            segment_size: size,
+            first_lsn: first,
+        };
+        let mut bytes = header.encode().to_vec();
+        let mut lsn = first;
+        for op in ops {
+            let before = bytes.len();
+            encode_record(&mut bytes, lsn, op);
+            assert_eq!(
+                (bytes.len() - before) as u64,
+                record_len(op),
+                "record_len is exact"
+            );
+            lsn += record_len(op);
+        }
+        bytes.resize(size as usize, 0);
+        (header, bytes)
+    }
+
+    fn read_all(
+        header: &SegmentHeader,
+        bytes: &[u8],
+    ) -> (Scan, Vec<(Lsn, Vec<u8>, Option<Vec<u8>>)>) {
+        let mut r = &bytes[HEADER_SIZE as usize..];
+        let mut seen = Vec::new();
+        let scan = scan_records(&mut r, header, Path::new("seg"), |lsn, op| {
+            seen.push(match op {
+                LogOp::Insert { key, value } => (lsn, key.to_vec(), Some(value.to_vec())),
+                LogOp::Remove { key } => (lsn, key.to_vec(), None),
+            });
+            Ok(())
+        })
+        .expect("a slice cannot fail to read");
+        (scan, seen)
+    }
+
+    #[test]
+    fn lengths_on_every_varint_boundary_round_trip() {
+        let lens = [0usize, 1, 127, 128, 16_383, 16_384, 70_000];
+        let keys: Vec<Vec<u8>> = lens.iter().map(|&n| vec![7u8; n]).collect();
+        let values: Vec<Vec<u8>> = lens.iter().map(|&n| vec![9u8; n]).collect();
+        let mut ops = Vec::new();
+        for k in &keys {
+            ops.push(LogOp::Remove { key: k });
+            for v in &values {
+                ops.push(LogOp::Insert { key: k, value: v });
+            }
+        }
+        let total: u64 = ops.iter().map(record_len).sum();
+        let (header, bytes) = segment(1000, &ops, HEADER_SIZE + total + 100);
+        let (scan, seen) = read_all(&header, &bytes);
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.end_lsn, 1000 + total);
+        assert_eq!(seen.len(), ops.len());
+        for (op, (_, key, value)) in ops.iter().zip(&seen) {
+            match op {
+                LogOp::Insert { key: k, value: v } => {
+                    assert_eq!((key.as_slice(), value.as_deref()), (*k, Some(*v)));
+                }
+                LogOp::Remove { key: k } => assert_eq!((key.as_slice(), value), (*k, &None)),
+            }
+        }
+    }
+
+    #[test]
+    fn a_small_record_takes_seven_bytes_besides_its_data() {
+        let op = LogOp::Insert {
+            key: &[1; 16],
+            value: &[2; 16],
+        };
+        assert_eq!(record_len(&op), 39);
+        assert_eq!(record_len(&LogOp::Remove { key: &[1; 16] }), 23);
+    }
+
+    #[test]
+    fn size_limits_are_the_largest_records_that_fit() {
+        // Rooms around the points where a length's encoding grows a byte.
+        for room in (0..200).chain(16_370..16_420) {
+            for key_len in [0u64, 1, 120, 130] {
+                let fits =
+                    |k: u64, v: u64| RECORD_FIXED + varint_len(k) + varint_len(v) + k + v <= room;
+                match max_value_len(room, key_len) {
+                    Some(v) => assert!(
+                        fits(key_len, v) && !fits(key_len, v + 1),
+                        "{room} {key_len}"
+                    ),
+                    None => assert!(!fits(key_len, 0), "{room} {key_len}"),
+                }
+            }
+            let k = max_key_len(room);
+            if room >= RECORD_FIXED + 2 {
+                assert!(RECORD_FIXED + varint_len(k) + 1 + k <= room, "{room}");
+            }
+            assert!(
+                RECORD_FIXED + varint_len(k + 1) + 1 + k + 1 > room,
+                "{room}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_read_at_another_lsn_fails_its_checksum() {
+        let ops = [LogOp::Insert {
+            key: b"key",
+            value: b"value",
+        }];
+        let (_, bytes) = segment(500, &ops, 4096);
+        // The same bytes, in a segment that claims to start one LSN later.
+        let moved = SegmentHeader {
+            segment_size: 4096,
+            first_lsn: 501,
+        };
+        let (scan, seen) = read_all(&moved, &bytes);
+        assert!(seen.is_empty());
+        assert_eq!(scan.tail, Tail::Torn("record checksum mismatch"));
+    }
+
+    #[test]
+    fn malformed_lengths_end_the_log() {
+        let header = SegmentHeader {
+            segment_size: 4096,
+            first_lsn: 0,
+        };
+        let mut bytes = header.encode().to_vec();
+        // Checksum, insert, then a key length whose every byte says "more follows".
+        bytes.extend_from_slice(&[1, 2, 3, 4, OP_INSERT]);
+        bytes.extend_from_slice(&[0xff; 12]);
+        bytes.resize(4096, 0);
+        let (scan, seen) = read_all(&header, &bytes);
+        assert!(seen.is_empty());
+        assert_eq!(scan.tail, Tail::Torn("record lengths malformed"));
+        // A length longer than the rest of the segment.
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&[1, 2, 3, 4, OP_INSERT, 0xff, 0xff, 0x03, 0]);
+        bytes.resize(4096, 0);
+        assert_eq!(
+            read_all(&header, &bytes).0.tail,
+            Tail::Torn("record length out of range")
+        );
+        // A length that does not fit in a u32.
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(&[1, 2, 3, 4, OP_INSERT, 0xff, 0xff, 0xff, 0xff, 0x7f, 0]);
+        bytes.resize(4096, 0);
+        assert_eq!(
+            read_all(&header, &bytes).0.tail,
+            Tail::Torn("record lengths malformed")
+        );
+    }
 }

@@ -4,7 +4,7 @@
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
-use super::format::{self, HEADER_SIZE, RECORD_OVERHEAD};
+use super::format::{self, HEADER_SIZE};
 use super::mapped::Active;
 use super::segment::{self, Segment, SCAN_BUFFER};
 use super::vfs::{LogFs, Reader};
@@ -310,17 +310,15 @@ impl Wal {
                 LogOp::Insert { key, value } => (key, value.len()),
                 LogOp::Remove { key } => (key, 0),
             };
-            let key_limit = (room - RECORD_OVERHEAD) as usize;
-            return Err(if key.len() > key_limit {
-                Error::KeyTooLarge {
-                    len: key.len(),
-                    limit: key_limit,
-                }
-            } else {
-                Error::ValueTooLarge {
+            return Err(match format::max_value_len(room, key.len() as u64) {
+                Some(limit) => Error::ValueTooLarge {
                     len: value_len,
-                    limit: key_limit - key.len(),
-                }
+                    limit: limit as usize,
+                },
+                None => Error::KeyTooLarge {
+                    len: key.len(),
+                    limit: format::max_key_len(room) as usize,
+                },
             });
         }
         let buffered = s.config.durability == Durability::Buffered;
@@ -364,7 +362,7 @@ impl Wal {
             return Ok(());
         }
         let lsn = appended.lsn;
-        // Records are at least RECORD_OVERHEAD bytes and written whole, so a durable end past
+        // Records are at least 7 bytes and written whole, so a durable end past
         // `lsn` covers the whole record; an LSN never appended is clamped, not waited for.
         let target = (lsn + 1).min(s.next_lsn());
         match s.config.durability {

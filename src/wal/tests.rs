@@ -423,8 +423,29 @@ fn bad_config_and_oversized_records_are_refused() {
         wal.append(LogOp::Remove { key: &big }),
         Err(Error::KeyTooLarge { len: 5000, .. })
     ));
-    // The largest record that fits in a segment is accepted.
-    let fits = vec![2u8; (4096 - HEADER_SIZE - format::RECORD_OVERHEAD - 1) as usize];
+    // The limits an error names are exact: one byte more is refused, the limit itself fits.
+    let room = 4096 - HEADER_SIZE;
+    let limit = format::max_value_len(room, 1).expect("a one-byte key fits") as usize;
+    assert!(matches!(
+        wal.append(LogOp::Insert {
+            key: b"k",
+            value: &vec![2u8; limit + 1]
+        }),
+        Err(Error::ValueTooLarge { len, limit: l }) if len == limit + 1 && l == limit
+    ));
+    let key_limit = format::max_key_len(room) as usize;
+    assert!(matches!(
+        wal.append(LogOp::Remove { key: &vec![1u8; key_limit + 1] }),
+        Err(Error::KeyTooLarge { limit, .. }) if limit == key_limit
+    ));
+    assert_eq!(
+        format::record_len(&LogOp::Remove {
+            key: &vec![1u8; key_limit]
+        }),
+        room,
+        "the longest key fills a segment"
+    );
+    let fits = vec![2u8; limit];
     let appended = wal
         .append(LogOp::Insert {
             key: b"k",
