@@ -22,6 +22,11 @@ pub enum Durability {
     Sync,
     /// A write returns after its log record reached the operating system; the log is synced
     /// in the background every few milliseconds. Survives a crash of the process.
+    ///
+    /// Where `/dev/shm` is a tmpfs, records are staged there first, in an 8 MiB file per open
+    /// tree that outlives the process (a store into memory, no system call); the next open
+    /// writes a crashed process's staged records into the log. Elsewhere each write copies
+    /// its record into the log file with a system call.
     #[default]
     Buffered,
     /// No log. Data is durable after `flush`, `checkpoint` or `close` only; a crash returns

@@ -127,3 +127,5 @@ mod rcu;
 pub(crate) use rcu::{pin, EpochGuard, RcuCell};
 mod region;
 pub(crate) use region::AppendRegion;
+mod ringmap;
+pub(crate) use ringmap::{is_tmpfs, page_size, RingMap};

@@ -1,32 +1,32 @@
-//! An append region: a shared writable mapping that concurrent writers fill front to back
-//! without a lock. A writer reserves a range with one compare-and-swap on the cursor and
-//! gets it as `&mut [u8]`, disjoint from every other writer's; once its bytes are in, it
-//! publishes the range through a second counter, `done`, that only moves over ranges whose
-//! bytes are all written. The write-ahead log keeps its active segment in one, so a
-//! `Buffered` append takes no lock and no system call (`wal::log`).
+//! An append region: a ring of shared memory that concurrent writers fill front to back
+//! without a lock, and one drainer empties behind them. A writer reserves a range with one
+//! compare-and-swap on the cursor and gets it as `&mut [u8]`, disjoint from every other
+//! writer's; once its bytes are in, it publishes the range through a second counter,
+//! `done`, that only moves over ranges whose bytes are all written. The drainer takes the
+//! published bytes between the `floor` and `done`, and moving the floor past them frees
+//! their room for new reservations. The write-ahead log stages `Buffered` records in one
+//! (`wal::ring`), so such an append takes no lock and no system call.
 //!
-//! Positions are not offsets into the mapping but numbers on the caller's scale (the log's
-//! LSNs): the region covers positions `base .. base + mapping length`, position `p` is byte
-//! `p - base` of the mapping, and the cursor starts wherever the caller says the free part
-//! begins.
+//! Positions are not offsets into the ring but numbers on the caller's scale (the log's
+//! LSNs), growing forever: position `p` is byte `p mod capacity` of the ring. The ring is
+//! mapped twice in a row (`RingMap`), so every range is one slice even where it wraps.
 //!
 //! `done` moves in order: a writer publishes only when `done` equals the start of its
 //! range, so everything below `done` is written. Each range has one owner, so the move is a
 //! load and a store, not a read-modify-write: a whole reservation costs one atomic
 //! instruction.
 
-use memmap2::{Advice, MmapMut, UncheckedAdvice};
+use super::ringmap::RingMap;
+use super::{AtomicU64, Mutex, Ordering};
 
-use super::{AtomicU64, Ordering};
-
-/// Cursor flag: no more reservations (the region is full and being replaced).
+/// Cursor flag: no more reservations (the region is being restarted).
 const SEALED: u64 = 1 << 63;
 
-/// How far past a new reservation `reserve` prefetches for writing. The region's memory is
-/// fresh page cache nobody has touched since it was zeroed, so each new cache line a writer
-/// stores into would otherwise miss all the way to memory, and the next atomic instruction
-/// (the leaf latch's release) waits for that store to land. A few records ahead, the
-/// prefetch has landed by the time the writers get there.
+/// How far past a new reservation `reserve` prefetches for writing. The ring's memory was
+/// last touched a lap ago, so each new cache line a writer stores into would otherwise miss
+/// all the way to memory, and the next atomic instruction (the leaf latch's release) waits
+/// for that store to land. A few records ahead, the prefetch has landed by the time the
+/// writers get there.
 const PREFETCH_AHEAD: u64 = 512;
 
 /// The two counters every writer touches, on one cache line of their own: after the
@@ -44,31 +44,33 @@ struct Counters {
     published: AtomicU64,
 }
 
-/// A mapping filled front to back by concurrent writers (module docs). `Send + Sync`.
+/// A ring filled front to back by concurrent writers and emptied by one drainer (module
+/// docs). `Send + Sync`.
 #[derive(Debug)]
 pub(crate) struct AppendRegion {
     counters: Counters,
-    /// Position of the mapping's first byte.
-    base: u64,
-    /// The mapping's first byte.
+    /// Positions below this are drained: their bytes may be overwritten. Reservations end
+    /// at most one capacity past it.
+    floor: AtomicU64,
+    /// Held while draining, so one drainer at a time reads and frees published bytes.
+    drain: Mutex<()>,
+    /// The ring's first byte; `2 * capacity` bytes from it are mapped (`RingMap`).
     ptr: *mut u8,
-    /// Bytes mapped.
-    len: u64,
-    /// Mapped bytes below this offset were dropped from the page tables (`release_below`).
-    released: AtomicU64,
-    /// Mapped bytes below this offset were prefaulted (`prefault`).
-    prefaulted: AtomicU64,
-    /// Owns the mapping `ptr` points into.
-    map: MmapMut,
+    /// Bytes in the ring: a power of two.
+    capacity: u64,
+    /// Owns the memory `ptr` points into.
+    _map: RingMap,
 }
 
 // SAFETY: the raw pointer is into `map`, which lives exactly as long as the region. Bytes
 // are only reached through `reserve`, which hands each range to one caller (the cursor only
-// moves forward, by compare-and-swap), so sharing the region between threads shares no
-// bytes; the counters are atomics.
+// moves forward, by compare-and-swap, and never more than a capacity past the floor), and
+// through `drain`, which reads only published bytes no reservation can reach until the
+// floor moves past them; so sharing the region between threads shares no bytes being
+// written. The counters are atomics.
 unsafe impl Send for AppendRegion {}
-// SAFETY: as for `Send`: every `&self` method either touches atomics or the range its caller
-// reserved alone.
+// SAFETY: as for `Send`: every `&self` method either touches atomics, the range its caller
+// reserved alone, or (draining, under the drain lock) bytes nobody writes.
 unsafe impl Sync for AppendRegion {}
 
 /// A reserved range: its bytes, to fill, and its bounds, to publish.
@@ -83,32 +85,30 @@ pub(crate) struct Slot<'a> {
 }
 
 impl AppendRegion {
-    /// A region over `map` whose first byte is position `base`; positions below `start`
-    /// hold data already (they count as written), the rest is free.
-    pub(crate) fn new(mut map: MmapMut, base: u64, start: u64) -> AppendRegion {
-        let len = map.len() as u64;
-        let start = start.clamp(base, base + len);
+    /// A region over `map` whose next free position is `start` (nothing is published, and
+    /// nothing below `start` is waiting to be drained).
+    pub(crate) fn new(map: RingMap, start: u64) -> AppendRegion {
         AppendRegion {
             counters: Counters {
                 cursor: AtomicU64::new(start),
                 done: AtomicU64::new(start),
                 published: AtomicU64::new(0),
             },
-            base,
-            ptr: map.as_mut_ptr(),
-            len,
-            released: AtomicU64::new(0),
-            prefaulted: AtomicU64::new(0),
-            map,
+            floor: AtomicU64::new(start),
+            drain: Mutex::new(()),
+            ptr: map.ptr(),
+            capacity: map.capacity() as u64,
+            _map: map,
         }
     }
 
-    /// Position after the mapping's last byte.
-    pub(crate) fn limit(&self) -> u64 {
-        self.base + self.len
+    /// Bytes in the ring: the most one reservation can take.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
     }
 
-    /// Reserves the next `len` bytes; `None` if the region is sealed or they do not fit.
+    /// Reserves the next `len` bytes; `None` if they do not fit before the floor comes
+    /// round again (drain, then retry) or the region is being restarted.
     pub(crate) fn reserve(&self, len: u64) -> Option<Slot<'_>> {
         let cursor = &self.counters.cursor;
         let mut cur = cursor.load(Ordering::Relaxed);
@@ -116,20 +116,23 @@ impl AppendRegion {
             if cur & SEALED != 0 {
                 return None;
             }
-            let end = cur.checked_add(len).filter(|&e| e <= self.limit())?;
+            // Acquire: the drainer read the bytes below the floor before it moved it.
+            let limit = self.floor.load(Ordering::Acquire) + self.capacity;
+            let end = cur.checked_add(len).filter(|&e| e <= limit)?;
             // Relaxed: the range is this caller's alone whatever others do; what it writes
             // is published through `done`.
             match cursor.compare_exchange_weak(cur, end, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
-                    let from = usize::try_from(cur - self.base).ok()?;
                     let n = usize::try_from(len).ok()?;
-                    // SAFETY: `cur - base .. end - base` lies inside the mapping (`end` is at
-                    // most `limit`, `cur` at least `base`: the cursor starts at or above it
-                    // and only grows), the mapping lives as long as `self`, which the slot
-                    // borrows, and the compare-and-swap gave this range to this caller
-                    // alone: no other slot overlaps it, ever.
-                    let bytes = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(from), n) };
-                    self.prefetch(end - self.base + PREFETCH_AHEAD);
+                    // SAFETY: the range starts inside the first copy of the ring and is at
+                    // most a capacity long (the floor is at or below `cur`), so it lies in
+                    // the `2 * capacity` mapped bytes; the mapping lives as long as `self`,
+                    // which the slot borrows. The compare-and-swap gave positions
+                    // `cur..end` to this caller alone, and they are within one capacity past
+                    // the floor, so no other slot and no drained range maps to these bytes
+                    // until the floor moves past `end`, which needs this slot published.
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(self.at(cur), n) };
+                    self.prefetch(end + PREFETCH_AHEAD);
                     return Some(Slot {
                         bytes,
                         start: cur,
@@ -139,6 +142,12 @@ impl AppendRegion {
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// Address of position `pos` in the first copy of the ring.
+    fn at(&self, pos: u64) -> *mut u8 {
+        // SAFETY: the offset is below the capacity, inside the mapping.
+        unsafe { self.ptr.add((pos & (self.capacity - 1)) as usize) }
     }
 
     /// Publishes the range `start..end` of a filled slot if everything before it is
@@ -164,18 +173,14 @@ impl AppendRegion {
         self.counters.published.load(Ordering::Relaxed)
     }
 
-    /// Prefetches the cache line at byte `offset` of the mapping for writing, if it is in
-    /// the mapping.
-    fn prefetch(&self, offset: u64) {
-        if offset >= self.len {
-            return;
-        }
+    /// Prefetches the cache line of position `pos` for writing.
+    fn prefetch(&self, pos: u64) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch is a hint: it reads or writes nothing and cannot fault, and
         // the address is inside the mapping anyway.
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-            _mm_prefetch::<_MM_HINT_ET0>(self.ptr.add(offset as usize).cast::<i8>());
+            _mm_prefetch::<_MM_HINT_ET0>(self.at(pos).cast::<i8>());
         }
     }
 
@@ -184,87 +189,59 @@ impl AppendRegion {
         self.counters.done.load(Ordering::Acquire)
     }
 
-    /// The next free position (where the cursor stopped, if sealed).
+    /// The next free position.
     pub(crate) fn cursor(&self) -> u64 {
         self.counters.cursor.load(Ordering::Acquire) & !SEALED
     }
 
-    /// Stops all further reservations; returns the final cursor. Slots reserved before keep
-    /// filling and publishing: `done` reaches the returned position once they all have.
-    pub(crate) fn seal(&self) -> u64 {
-        self.counters.cursor.fetch_or(SEALED, Ordering::AcqRel) & !SEALED
+    /// Positions below this are drained.
+    pub(crate) fn floor(&self) -> u64 {
+        self.floor.load(Ordering::Acquire)
     }
 
-    /// Maps the pages of positions `from..to` (those not mapped by an earlier call) the way a
-    /// read would: each page is found or created in the page cache and mapped read-only. A
-    /// writer reaching such a page then takes only a light write-enable fault; without it,
-    /// the writer's fault creates the page too, sleeping on the page lock while it does (a
-    /// major fault per 4 KiB of log, and at two writers one of them sleeps on the other's).
-    /// Advice only: on failure the writers fault the pages in themselves.
-    pub(crate) fn prefault(&self, from: u64, to: u64) {
-        let page = page_size();
-        let (lo, hi) = (self.offset(from) / page * page, self.offset(to));
-        self.advise_once(&self.prefaulted, lo, hi, |map, at, len| {
-            map.advise_range(Advice::PopulateRead, at, len)
-        });
-    }
-
-    /// Drops the whole pages below position `below` from this process's page tables (the
-    /// data stays in the file's page cache, dirty until written back). Writing back a page
-    /// that is still mapped write-protects it, which interrupts every core running this
-    /// process for a TLB flush, page by page; pages released first cost one flush for the
-    /// whole range. Meant for positions every writer is done with, though a later store
-    /// there would only fault the page back in.
-    pub(crate) fn release_below(&self, below: u64) {
-        let page = page_size();
-        let to = self.offset(below) / page * page;
-        self.advise_once(&self.released, 0, to, |map, at, len| {
-            // SAFETY: for a shared file mapping, MADV_DONTNEED only unmaps the pages: their
-            // contents stay in the page cache (dirty pages stay dirty) and the next access
-            // maps them again, so no byte a slot holds or a reader sees changes. An
-            // anonymous mapping (tests) would lose its bytes, which is why `new` is only
-            // given file mappings outside tests of this file.
-            unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, at, len) }
-        });
-    }
-
-    /// Byte offset in the mapping of position `pos`, clamped to the mapping.
-    fn offset(&self, pos: u64) -> u64 {
-        pos.saturating_sub(self.base).min(self.len)
-    }
-
-    /// Applies `advise` to the mapped bytes `from..to`, less those below `mark` (done by an
-    /// earlier call), and moves `mark` to `to` if it worked.
-    fn advise_once(
+    /// Hands the published bytes not drained yet to `take`, with the position of the first;
+    /// `take` returns how many of them it consumed (from the front), and the floor moves
+    /// past those, freeing their room. One drainer at a time: others wait here.
+    pub(crate) fn drain<E>(
         &self,
-        mark: &AtomicU64,
-        from: u64,
-        to: u64,
-        advise: impl FnOnce(&MmapMut, usize, usize) -> std::io::Result<()>,
-    ) {
-        let from = from.max(mark.load(Ordering::Relaxed));
-        if to <= from {
-            return;
+        take: impl FnOnce(u64, &[u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        let _one = self.drain.lock();
+        let floor = self.floor.load(Ordering::Relaxed);
+        let done = self.done();
+        let len = usize::try_from(done - floor).unwrap_or(0);
+        // SAFETY: positions `floor..done` are published, so every slot over them is
+        // finished and its writer holds no reference any more; no new slot reaches them
+        // before the floor moves, which only this drainer does (under the drain lock), after
+        // `take` returns. They are at most a capacity long (the cursor never passes the
+        // floor by more), so they lie in the mapping, which `self` keeps alive.
+        let bytes = unsafe { std::slice::from_raw_parts(self.at(floor), len) };
+        let taken = take(floor, bytes)?.min(len);
+        self.floor.store(floor + taken as u64, Ordering::Release);
+        Ok(taken)
+    }
+
+    /// Restarts the region at position `pos`: waits for the slots reserved so far to be
+    /// published, then drops everything not drained and makes `pos` the cursor, `done` and
+    /// the floor. Reservations meanwhile fail (their callers retry).
+    pub(crate) fn restart(&self, pos: u64) {
+        let _one = self.drain.lock();
+        let sealed = self.counters.cursor.fetch_or(SEALED, Ordering::AcqRel) & !SEALED;
+        while self.done() < sealed {
+            super::yield_now();
         }
-        if advise(&self.map, from as usize, (to - from) as usize).is_ok() {
-            mark.fetch_max(to, Ordering::Relaxed);
-        }
+        self.floor.store(pos, Ordering::Release);
+        self.counters.done.store(pos, Ordering::Release);
+        self.counters.cursor.store(pos, Ordering::Release);
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
-impl AppendRegion {
-    /// The whole mapping; `&mut self` proves no slot is alive.
-    fn filled(&mut self) -> &[u8] {
-        &self.map[..]
-    }
-}
-
-/// The system's page size.
-fn page_size() -> u64 {
-    // SAFETY: sysconf only reads a constant of the system.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+/// A ring of `capacity` bytes over a fresh temporary file, for tests.
+#[cfg(test)]
+pub(crate) fn test_ring(capacity: usize) -> RingMap {
+    let file = tempfile::tempfile().expect("temporary file");
+    file.set_len(capacity as u64).expect("size");
+    RingMap::new(&file, 0, capacity).expect("ring")
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]
@@ -272,115 +249,165 @@ mod tests {
     use super::*;
     use crate::sync::{thread, Arc};
 
-    fn region(len: usize, base: u64, start: u64) -> AppendRegion {
-        AppendRegion::new(MmapMut::map_anon(len).expect("anonymous map"), base, start)
+    /// Drains everything published; returns its first position and its bytes.
+    fn drain_all(r: &AppendRegion) -> (u64, Vec<u8>) {
+        let mut got = (0, Vec::new());
+        r.drain(|at, b| {
+            got = (at, b.to_vec());
+            Ok::<_, ()>(b.len())
+        })
+        .expect("drain");
+        got
     }
 
     #[test]
-    fn reserves_front_to_back_and_refuses_past_the_end_or_once_sealed() {
-        let r = region(4096, 1000, 1064);
-        assert_eq!((r.cursor(), r.done(), r.limit()), (1064, 1064, 5096));
+    fn reserves_up_to_a_lap_past_the_floor_and_publishes_in_order() {
+        let r = AppendRegion::new(test_ring(4096), 1000);
+        assert_eq!(
+            (r.cursor(), r.done(), r.floor(), r.capacity()),
+            (1000, 1000, 1000, 4096)
+        );
         let a = r.reserve(100).expect("room");
-        assert_eq!((a.start, a.end, a.bytes.len()), (1064, 1164, 100));
+        assert_eq!((a.start, a.end, a.bytes.len()), (1000, 1100, 100));
         a.bytes.fill(7);
-        let b = r.reserve(4096 - 164).expect("room");
+        let b = r.reserve(4096 - 100).expect("room");
         assert_eq!(b.end, 5096);
-        assert!(r.reserve(1).is_none(), "reserved past the end");
+        b.bytes.fill(8);
+        assert!(r.reserve(1).is_none(), "reserved over bytes not drained");
         // Published out of order: `done` waits for the earlier slot.
         assert!(!r.publish(b.start, b.end));
-        assert_eq!(r.done(), 1064);
+        assert_eq!(r.done(), 1000);
         assert!(r.publish(a.start, a.end));
         assert!(r.publish(b.start, b.end));
         assert_eq!(r.done(), 5096);
         assert!(r.publish(a.start, a.end), "publishing twice is harmless");
         assert_eq!(r.published(), 2);
-
-        let r = region(4096, 0, 0);
-        r.reserve(10).expect("room");
-        assert_eq!(r.seal(), 10);
-        assert!(r.reserve(1).is_none(), "reserved after the seal");
-        assert_eq!((r.cursor(), r.seal()), (10, 10));
-        // A start outside the mapping is clamped into it.
-        assert_eq!(region(4096, 10, 0).cursor(), 10);
-        assert_eq!(region(4096, 10, 1 << 20).cursor(), 4106);
+        // Draining part of it frees just that much room.
+        let taken = r
+            .drain(|at, bytes| {
+                assert_eq!((at, bytes.len()), (1000, 4096));
+                assert!(bytes[..100].iter().all(|&x| x == 7));
+                assert!(bytes[100..].iter().all(|&x| x == 8));
+                Ok::<_, ()>(150)
+            })
+            .expect("drain");
+        assert_eq!((taken, r.floor()), (150, 1150));
+        assert!(r.reserve(151).is_none());
+        let c = r.reserve(150).expect("room after the drain");
+        assert_eq!((c.start, c.end), (5096, 5246));
+        // A failed drain frees nothing.
+        assert_eq!(r.drain(|_, _| Err::<usize, _>("no")), Err("no"));
+        assert_eq!(r.floor(), 1150);
     }
 
     #[test]
-    fn released_and_prefaulted_pages_keep_their_bytes() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("f");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .expect("file");
-        file.set_len(64 << 10).expect("size");
-        // SAFETY: a private temporary file nothing else opens or truncates.
-        let map = unsafe { MmapMut::map_mut(&file) }.expect("map");
-        let r = AppendRegion::new(map, 0, 0);
-        let s = r.reserve(20000).expect("room");
+    fn a_slot_that_wraps_is_one_slice_and_drains_whole() {
+        let r = AppendRegion::new(test_ring(4096), 4000);
+        let s = r.reserve(200).expect("room");
         s.bytes
             .iter_mut()
             .enumerate()
             .for_each(|(i, b)| *b = i as u8);
         assert!(r.publish(s.start, s.end));
-        r.release_below(r.done());
-        r.prefault(r.cursor(), r.limit());
-        let t = r.reserve(100).expect("room");
-        t.bytes.fill(9);
-        assert!(r.publish(t.start, t.end));
-        // The released pages read back through the file, and so does the new slot.
-        let on_disk = std::fs::read(&path).expect("read");
-        assert!((0..20000).all(|i| on_disk[i] == i as u8));
-        assert!(on_disk[20000..20100].iter().all(|&b| b == 9));
+        let (at, bytes) = drain_all(&r);
+        assert_eq!(at, 4000);
+        assert!(bytes.iter().enumerate().all(|(i, &b)| b == i as u8));
+        assert_eq!(r.floor(), 4200);
     }
 
     #[test]
-    fn concurrent_writers_get_disjoint_ranges_and_done_covers_only_written_bytes() {
-        let r = Arc::new(region(64 << 10, 0, 0));
-        let start = Arc::new(std::sync::Barrier::new(4));
-        let threads: Vec<_> = (1..=4u8)
+    fn restart_waits_for_slots_and_moves_every_counter() {
+        let r = Arc::new(AppendRegion::new(test_ring(4096), 0));
+        let s = r.reserve(10).expect("room");
+        let (start, end) = (s.start, s.end);
+        let restarter = {
+            let r = r.clone();
+            thread::spawn(move || r.restart(1 << 40))
+        };
+        // The restart is waiting for this slot; reservations fail meanwhile.
+        while r.counters.cursor.load(Ordering::Acquire) & SEALED == 0 {
+            thread::yield_now();
+        }
+        assert!(r.reserve(1).is_none(), "reserved during a restart");
+        assert!(r.publish(start, end));
+        restarter.join().expect("restart");
+        assert_eq!(
+            (r.cursor(), r.done(), r.floor()),
+            (1 << 40, 1 << 40, 1 << 40)
+        );
+        assert_eq!(r.reserve(5).expect("room").start, 1 << 40);
+    }
+
+    #[test]
+    fn concurrent_writers_and_a_drainer_see_every_range_once_in_order() {
+        let r = Arc::new(AppendRegion::new(test_ring(8192), 0));
+        let stop = Arc::new(crate::sync::AtomicBool::new(false));
+        let writers: Vec<_> = (1..=3u8)
             .map(|t| {
-                let (r, start) = (r.clone(), start.clone());
+                let r = r.clone();
                 thread::spawn(move || {
-                    start.wait();
-                    let mut n = 0u64;
-                    while let Some(s) = r.reserve(u64::from(t) * 7) {
+                    for _ in 0..3000 {
+                        let len = u64::from(t) * 7;
+                        let s = loop {
+                            if let Some(s) = r.reserve(len) {
+                                break s;
+                            }
+                            // Full: the drainer frees room.
+                            thread::yield_now();
+                        };
+                        // A range: its writer, then its start position's low byte.
                         s.bytes.fill(t);
+                        s.bytes[1] = s.start as u8;
                         let (start, end) = (s.start, s.end);
                         while !r.publish(start, end) {
                             // An earlier writer may be preempted (4 threads, 2 cores).
                             thread::yield_now();
                         }
-                        assert!(r.done() >= end);
-                        n += 1;
                     }
-                    n
                 })
             })
             .collect();
-        let counts: Vec<u64> = threads
-            .into_iter()
-            .map(|h| h.join().expect("join"))
-            .collect();
-        let mut r = Arc::try_unwrap(r).expect("sole owner");
-        let done = r.done();
-        assert_eq!(done, r.cursor());
-        let total: u64 = (1..=4u64).map(|t| counts[t as usize - 1] * t * 7).sum();
-        assert_eq!(total, done, "reserved bytes do not add up to the cursor");
-        assert_eq!(r.published(), counts.iter().sum::<u64>());
-        // Runs of one writer's byte, each a whole number of that writer's ranges: no two
-        // ranges overlapped.
-        let bytes = &r.filled()[..done as usize];
+        let drainer = {
+            let (r, stop) = (r.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut all = Vec::new();
+                let mut next = 0u64;
+                loop {
+                    let finished = stop.load(Ordering::Acquire);
+                    r.drain(|at, bytes| {
+                        assert_eq!(at, next, "drained ranges are contiguous");
+                        next += bytes.len() as u64;
+                        all.extend_from_slice(bytes);
+                        Ok::<_, ()>(bytes.len())
+                    })
+                    .expect("drain");
+                    if finished {
+                        return all;
+                    }
+                    thread::yield_now();
+                }
+            })
+        };
+        for w in writers {
+            w.join().expect("writer");
+        }
+        stop.store(true, Ordering::Release);
+        let all = drainer.join().expect("drainer");
+        assert_eq!(all.len() as u64, r.cursor());
+        assert_eq!(all.len(), 3000 * (7 + 14 + 21));
+        assert_eq!(r.published(), 9000);
+        // Each range whole, in place: its writer's byte, its own start.
         let mut at = 0;
-        while at < bytes.len() {
-            let t = bytes[at];
-            assert!((1..=4).contains(&t), "byte {at} was never written");
-            let run = bytes[at..].iter().take_while(|&&b| b == t).count();
-            assert_eq!(run % (usize::from(t) * 7), 0, "a torn range at {at}");
-            at += run;
+        while at < all.len() {
+            let t = all[at];
+            assert!((1..=3).contains(&t), "byte {at} was never written");
+            let len = usize::from(t) * 7;
+            assert_eq!(all[at + 1], at as u8, "range at {at} is not its own");
+            assert!(
+                all[at + 2..at + len].iter().all(|&b| b == t),
+                "torn range at {at}"
+            );
+            at += len;
         }
     }
 }
@@ -390,61 +417,59 @@ mod shuttle_tests {
     use super::*;
     use crate::sync::{thread, Arc};
 
-    /// Two writers reserve, fill and publish while a third thread seals the region and
-    /// waits for `done` to reach the seal, as a log segment switch does. Whatever the
-    /// interleaving: the ranges handed out are disjoint and tile the region up to the seal,
-    /// `done` never passes a range before it is published, and nothing is reserved after
-    /// the seal.
+    /// Two writers reserve, fill and publish in a ring one and a half records long while a
+    /// third thread drains. Whatever the interleaving: the drained bytes are exactly the
+    /// writers' ranges, contiguous and each whole (a slot never overlaps bytes not drained
+    /// yet, and `done` never passes a range before it is published).
     #[test]
-    fn shuttle_writers_publish_in_order_and_a_seal_waits_for_them() {
+    fn shuttle_writers_and_a_drainer_never_overlap() {
+        let page = super::super::ringmap::page_size();
         shuttle::check_random(
-            || {
-                let map = MmapMut::map_anon(4096).expect("anonymous map");
-                let r = Arc::new(AppendRegion::new(map, 100, 100));
+            move || {
+                let r = Arc::new(AppendRegion::new(test_ring(page), 100));
+                let rec = page as u64 * 2 / 3;
                 let writers: Vec<_> = (1..=2u8)
                     .map(|t| {
                         let r = r.clone();
                         thread::spawn(move || {
-                            let mut mine = Vec::new();
-                            for k in 0..3u64 {
-                                let Some(s) = r.reserve(8 + k) else { break };
+                            for _ in 0..2 {
+                                let s = loop {
+                                    if let Some(s) = r.reserve(rec) {
+                                        break s;
+                                    }
+                                    thread::yield_now();
+                                };
                                 s.bytes.fill(t);
                                 let (start, end) = (s.start, s.end);
                                 assert!(r.done() <= start, "done passed an unpublished range");
                                 while !r.publish(start, end) {
                                     thread::yield_now();
                                 }
-                                assert!(r.done() >= end);
-                                mine.push((start, end));
                             }
-                            mine
                         })
                     })
                     .collect();
-                let sealer = {
-                    let r = r.clone();
-                    thread::spawn(move || {
-                        let sealed = r.seal();
-                        while r.done() < sealed {
-                            thread::yield_now();
-                        }
-                        sealed
+                let mut drained = Vec::new();
+                let mut next = 100;
+                while drained.len() < 4 * rec as usize {
+                    r.drain(|at, bytes| {
+                        assert_eq!(at, next);
+                        next += bytes.len() as u64;
+                        drained.extend_from_slice(bytes);
+                        Ok::<_, ()>(bytes.len())
                     })
-                };
-                let sealed = sealer.join().expect("sealer");
-                let mut ranges: Vec<(u64, u64)> = writers
-                    .into_iter()
-                    .flat_map(|h| h.join().expect("writer"))
-                    .collect();
-                ranges.sort_unstable();
-                let mut at = 100;
-                for (start, end) in ranges {
-                    assert_eq!(start, at, "ranges overlap or leave a gap");
-                    at = end;
+                    .expect("drain");
+                    thread::yield_now();
                 }
-                assert_eq!(at, sealed, "a range was reserved past the seal");
-                assert_eq!(r.done(), sealed);
-                assert!(r.reserve(1).is_none());
+                for w in writers {
+                    w.join().expect("writer");
+                }
+                for (i, range) in drained.chunks(rec as usize).enumerate() {
+                    assert!(
+                        range.iter().all(|&b| b == range[0]) && range[0] != 0,
+                        "range {i} torn or unwritten"
+                    );
+                }
             },
             1000,
         );

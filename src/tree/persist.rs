@@ -235,6 +235,11 @@ pub(crate) fn open_on(
             },
             flush_interval: config.flush_interval,
             segment_size: config.log_segment_size,
+            // Nothing to stage without appends (a crashed session's ring is still read).
+            ring_capacity: match config.durability {
+                Durability::None => 0,
+                _ => crate::wal::RING_CAPACITY,
+            },
         },
     )?;
     let shared = Shared::assemble(

@@ -91,7 +91,7 @@ pub(crate) fn encode_record(out: &mut Vec<u8>, lsn: Lsn, op: &LogOp<'_>) {
 }
 
 /// Writes the record for `op` at `lsn` into `out`, which is exactly `record_len(op)` bytes
-/// (the Buffered log encodes straight into its mapped segment).
+/// (the Buffered log encodes straight into its staging ring).
 pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
     let (code, key, value): (u8, &[u8], &[u8]) = match op {
         LogOp::Insert { key, value } => (OP_INSERT, key, value),

@@ -5,18 +5,23 @@ use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::format::{self, HEADER_SIZE};
-use super::mapped::Active;
+use super::ring::{self, StagingRing};
 use super::segment::{self, Segment, SCAN_BUFFER};
 use super::vfs::{LogFs, Reader};
 use super::writer::Writer;
 use super::{Appended, LogOp, Lsn, ReplayStats, WalConfig, WalStats};
 use crate::error::{Error, Result};
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering, RcuCell};
+use std::sync::OnceLock;
+
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::Durability;
 
 /// Past this many buffered bytes, `append` writes them out itself, so a writer that never
 /// commits cannot grow the buffer without bound.
 const BUFFER_LIMIT: usize = 8 << 20;
+
+/// Spins on an unpublished earlier record before yielding the processor to its writer.
+const PUBLISH_SPINS: u32 = 64;
 
 /// Most yields a group-commit leader makes while more records keep arriving.
 const GATHER_YIELDS: u32 = 4;
@@ -43,19 +48,19 @@ pub(super) struct Shared {
     pub(super) pending: Mutex<Pending>,
     /// The segments and the file position; held while writing.
     pub(super) writer: Mutex<Writer>,
-    /// The active segment mapped for lock-free `Buffered` appends, when it is; `None`
-    /// while appends go through the append buffer (see `mapped`).
-    pub(super) active: RcuCell<Option<Active>>,
+    /// Where `Buffered` appends go, set once at open when a ring could be made (`ring`);
+    /// without one, they go through the append buffer and their commit writes them out.
+    pub(super) ring: OnceLock<StagingRing>,
     /// Group-commit state: who leads, who waits.
     group: Mutex<Group>,
     /// The LSN the next append through the append buffer gets (moved under its lock).
-    /// While a segment is mapped, its region's cursor is the next LSN instead
+    /// Once the staging ring is set, its cursor is the next LSN instead
     /// (`Shared::next_lsn`).
     pub(super) appended: AtomicU64,
     /// The next LSN as the flusher last saw it (`Wal::bytes_since`).
     seen_next: AtomicU64,
-    /// Every record below this LSN reached the OS, but for records appended through the
-    /// mapped segment since it was mapped (`Shared::written_lsn` counts those too).
+    /// Every record below this LSN is written to the segments (records in the staging ring
+    /// reached the OS too: `Shared::written_lsn` counts those).
     pub(super) written: AtomicU64,
     /// Every record below this LSN is on stable storage.
     synced: AtomicU64,
@@ -135,6 +140,12 @@ impl Wal {
         }
         let rec = segment::recover(&*fs, dir, config.segment_size)?;
         let end = rec.end_lsn;
+        // Whatever this log's durability: an earlier `Buffered` one may have left a ring.
+        let left = if fs.stages_in_memory() {
+            Some(ring::leftover(dir, end)?)
+        } else {
+            None
+        };
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             fs,
@@ -145,7 +156,6 @@ impl Wal {
             }),
             writer: Mutex::new(Writer {
                 segments: rec.segments,
-                mappable: config.durability == Durability::Buffered,
                 file: rec.file,
                 segment_size: rec.segment_size,
                 offset: rec.offset,
@@ -153,10 +163,9 @@ impl Wal {
                 inflight: Vec::new(),
                 done: 0,
                 writes: 0,
-                mapped_appends: 0,
-                mapped_bytes: 0,
+                ring_bytes: 0,
             }),
-            active: RcuCell::new(None),
+            ring: OnceLock::new(),
             group: Mutex::new(Group {
                 leading: false,
                 waiters: Vec::new(),
@@ -173,7 +182,17 @@ impl Wal {
             syncs: AtomicU64::new(0),
             config,
         });
-        shared.activate(&mut shared.writer.lock());
+        if let Some(left) = left {
+            shared.take_leftover(&left)?;
+            let start = shared.appended.load(Ordering::Acquire);
+            let capacity = match shared.config.durability {
+                Durability::Buffered => shared.config.ring_capacity,
+                _ => 0,
+            };
+            if let Some(r) = StagingRing::create(dir, capacity, start) {
+                let _ = shared.ring.set(r);
+            }
+        }
         let flusher = match shared.config.durability {
             Durability::Buffered => {
                 let s = shared.clone();
@@ -203,9 +222,10 @@ impl Wal {
     ) -> Result<ReplayStats> {
         let s = &self.shared;
         let (segments, end) = {
-            let w = s.writer.lock();
-            // Past the writer's end while a segment is mapped: its records are in the file.
-            (w.segments.clone(), s.written_lsn())
+            // Staged records into the segments first: replay reads the segments.
+            let mut w = s.writer.lock();
+            w.write_out(s)?;
+            (w.segments.clone(), w.end)
         };
         let mut stats = ReplayStats {
             end_lsn: end,
@@ -267,7 +287,8 @@ impl Wal {
         let s = &self.shared;
         let mut w = s.writer.lock();
         let pending = s.pending.lock();
-        if !pending.bytes.is_empty() || w.done < w.inflight.len() || !s.deactivate() {
+        let ring_used = s.ring.get().is_some_and(|r| r.region.cursor() != w.end);
+        if !pending.bytes.is_empty() || w.done < w.inflight.len() || ring_used {
             return Err(Error::InvalidConfig {
                 reason: "replay must run before the first append",
             });
@@ -278,7 +299,6 @@ impl Wal {
         }
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, lsn, s.config.segment_size)?;
         w.segments.push(seg);
-        w.mappable = s.config.durability == Durability::Buffered;
         w.file = file;
         w.segment_size = s.config.segment_size;
         w.offset = HEADER_SIZE;
@@ -287,24 +307,28 @@ impl Wal {
         // Max, not store: a sync of the old segment may still be finishing.
         s.written.fetch_max(lsn, Ordering::AcqRel);
         s.synced.fetch_max(lsn, Ordering::AcqRel);
-        drop(pending);
-        s.activate(&mut w);
+        if let Some(r) = s.ring.get() {
+            r.region.restart(lsn);
+        }
         Ok(())
     }
 
-    /// Reserves the next LSN and copies the record into the mapped active segment
-    /// (`Buffered`, when it is mapped: no lock) or else into the log buffer. No system call
-    /// unless the buffer passed `BUFFER_LIMIT` (a writer that does not commit) or a segment
-    /// filled up.
+    /// Reserves the next LSN and copies the record into the staging ring (`Buffered`, when
+    /// there is one: no lock, and the record has reached the OS on return) or else into the
+    /// log buffer. No system call unless the ring is full, the buffer passed `BUFFER_LIMIT`
+    /// (a writer that does not commit) or a segment filled up.
     ///
     /// # Errors
-    /// `KeyTooLarge`/`ValueTooLarge` if the record cannot fit in a segment; `Io` if an
-    /// earlier sync of the log failed (the log is unusable).
+    /// `KeyTooLarge`/`ValueTooLarge` if the record cannot fit in a segment (or the ring);
+    /// `Io` if an earlier sync of the log failed (the log is unusable), or writing out a
+    /// full ring failed.
     pub(crate) fn append(&self, op: LogOp<'_>) -> Result<Appended> {
         let s = &self.shared;
         s.check_failed()?;
         let len = format::record_len(&op);
-        let room = s.config.segment_size - HEADER_SIZE;
+        let ring = s.ring.get();
+        let room = (s.config.segment_size - HEADER_SIZE)
+            .min(ring.map_or(u64::MAX, |r| r.region.capacity()));
         if len > room {
             let (key, value_len) = match op {
                 LogOp::Insert { key, value } => (key, value.len()),
@@ -321,25 +345,18 @@ impl Wal {
                 },
             });
         }
-        let buffered = s.config.durability == Durability::Buffered;
-        let (lsn, buffered) = loop {
-            if buffered {
-                if let Some(lsn) = s.append_mapped(&op, len)? {
-                    return Ok(Appended {
-                        lsn,
-                        reached_os: true,
-                    });
-                }
-            }
+        if let Some(ring) = ring {
+            return Ok(Appended {
+                lsn: s.append_staged(ring, &op, len)?,
+                reached_os: true,
+            });
+        }
+        let (lsn, buffered) = {
             let mut p = s.pending.lock();
-            // A segment mapped since the check above takes appends from here on.
-            if buffered && s.active.load(&crate::sync::pin()).is_some() {
-                continue;
-            }
             let lsn = s.appended.load(Ordering::Acquire);
             p.buffer(lsn, &op, len);
             s.appended.store(lsn + len, Ordering::Release);
-            break (lsn, p.bytes.len());
+            (lsn, p.bytes.len())
         };
         if buffered > BUFFER_LIMIT {
             s.write_to(lsn + len)?;
@@ -377,7 +394,7 @@ impl Wal {
     /// `Io` if writing or syncing the log failed.
     pub(crate) fn flush(&self) -> Result<()> {
         let s = &self.shared;
-        let next = s.next_lsn();
+        let next = s.acknowledged_end();
         s.seen_next.fetch_max(next, Ordering::Relaxed);
         s.sync_to(next)
     }
@@ -444,11 +461,12 @@ impl Wal {
         let s = &self.shared;
         let w = s.writer.lock();
         let p = s.pending.lock();
-        let guard = crate::sync::pin();
-        let active = s.active.load(&guard).as_ref();
+        let ring = s.ring.get();
         WalStats {
-            appends: p.appends + w.mapped_appends + active.map_or(0, Active::records),
-            bytes: p.bytes_appended + w.mapped_bytes + active.map_or(0, Active::bytes),
+            appends: p.appends + ring.map_or(0, |r| r.region.published()),
+            bytes: p.bytes_appended
+                + w.ring_bytes
+                + ring.map_or(0, |r| r.region.done() - r.region.floor()),
             writes: w.writes,
             syncs: s.syncs.load(Ordering::Relaxed),
             segments: w.segments.len() as u64,
@@ -465,8 +483,13 @@ impl Drop for Wal {
             // A panicked flusher has nothing left to clean up.
             let _ = h.join();
         }
-        // A clean close leaves nothing unsynced; errors have no one to go to here.
-        let _ = self.flush();
+        // A clean close leaves nothing unsynced; errors have no one to go to here. The ring
+        // goes only once its records are synced: else the next open reads them from it.
+        if self.flush().is_ok() {
+            if let Some(ring) = self.shared.ring.get() {
+                ring.remove();
+            }
+        }
     }
 }
 
@@ -503,7 +526,6 @@ impl Shared {
                 break;
             }
             w.write_out(self)?;
-            self.activate(&mut w);
         }
         Ok(())
     }
@@ -570,11 +592,7 @@ impl Shared {
         let (file, path, end) = {
             let mut w = self.writer.lock();
             w.write_out(self)?;
-            self.activate(&mut w);
-            // A mapped segment's records are in the file up to its region's `done`; the
-            // writer's `end` stopped where the mapping began.
-            self.mapped_sync_target()
-                .unwrap_or_else(|| (w.file.clone(), w.active_path(), w.end))
+            (w.file.clone(), w.active_path(), w.end)
         };
         // Outside the writer lock: appends and Buffered writes go on during the sync.
         file.sync_data().map_err(|e| self.fail_sync(&path, e))?;
@@ -590,13 +608,87 @@ impl Shared {
             if self.stop.load(Ordering::Acquire) {
                 break;
             }
-            let appended = self.next_lsn();
+            let appended = self.acknowledged_end();
             self.seen_next.fetch_max(appended, Ordering::Relaxed);
             if self.synced.load(Ordering::Acquire) < appended {
                 // A failure is sticky (sync) or reported to the next committer (write).
                 let _ = self.sync_to(appended);
             }
-            self.prefault_ahead();
         }
+    }
+
+    /// Appends `op` (of `len` bytes) through the staging ring; returns its LSN once the
+    /// record and every record before it are in the ring.
+    ///
+    /// # Errors
+    /// `Io` if the ring was full and writing it out failed.
+    fn append_staged(&self, ring: &StagingRing, op: &LogOp<'_>, len: u64) -> Result<Lsn> {
+        let region = &ring.region;
+        loop {
+            if let Some(slot) = region.reserve(len) {
+                let (start, end) = (slot.start, slot.end);
+                format::encode_record_into(slot.bytes, start, op);
+                let mut spins = 0u32;
+                while !region.publish(start, end) {
+                    // An earlier record's writer is between its reservation and its publish.
+                    spins += 1;
+                    if spins < PUBLISH_SPINS {
+                        crate::sync::spin_hint();
+                    } else {
+                        crate::sync::yield_now();
+                    }
+                }
+                return Ok(start);
+            }
+            // Full: write out what is published (the flusher fell behind), or wait for the
+            // writers of what is not.
+            self.check_failed()?;
+            let before = region.floor();
+            self.writer.lock().write_out(self)?;
+            if region.floor() == before {
+                crate::sync::yield_now();
+            }
+        }
+    }
+
+    /// Every record below this LSN reached the OS (is in the staging ring or written).
+    pub(super) fn written_lsn(&self) -> Lsn {
+        let staged = self.ring.get().map_or(0, |r| r.region.done());
+        staged.max(self.written.load(Ordering::Acquire))
+    }
+
+    /// The LSN the next append gets.
+    pub(super) fn next_lsn(&self) -> Lsn {
+        match self.ring.get() {
+            Some(r) => r.region.cursor(),
+            None => self.appended.load(Ordering::Acquire),
+        }
+    }
+
+    /// The end of every acknowledged record: what `flush` must make durable. Records in
+    /// the ring past its `done` are still being copied, and none is acknowledged yet.
+    fn acknowledged_end(&self) -> Lsn {
+        match self.ring.get() {
+            Some(r) => r.region.done(),
+            None => self.appended.load(Ordering::Acquire),
+        }
+    }
+
+    /// Writes the records a crashed process left in its staging ring to the segments and
+    /// syncs them, then removes that ring (`ring::leftover`). Call it at open, before any
+    /// append and before the new ring is set.
+    fn take_leftover(&self, left: &ring::Leftover) -> Result<()> {
+        if !left.records.is_empty() {
+            let end = {
+                let mut p = self.pending.lock();
+                p.bytes.extend_from_slice(&left.records);
+                let end = self.appended.load(Ordering::Acquire) + left.records.len() as u64;
+                self.appended.store(end, Ordering::Release);
+                end
+            };
+            self.sync_to(end)?;
+        }
+        left.remove();
+        Ok(())
     }
 }

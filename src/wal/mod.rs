@@ -25,13 +25,14 @@
 //! `pwrite` and issues one `fdatasync` covering every record appended so far, holding no
 //! lock appends need. The other committers park; the leader wakes them all when its sync is
 //! done, those it covered return at once, and one of the rest leads the next round for
-//! everything appended meanwhile. Under `Buffered`, an append reserves room in the mapped
-//! active segment with one compare-and-swap and encodes the record there, with no lock
-//! (`mapped`): the record has reached the OS when `append` returns, and its commit does
-//! nothing. Where the file layer cannot map the segment, records go through the buffer and
-//! their commit writes them out. Nothing under `Buffered` waits for a sync. (`Sync` keeps
-//! `pwrite`: see `Writer::mappable`.) `fdatasync` writes back a shared mapping's dirty
-//! pages like any others.
+//! everything appended meanwhile. Under `Buffered`, an append reserves room in the staging
+//! ring, a tmpfs file mapped into memory, with one compare-and-swap and encodes the record
+//! there, with no lock (`ring`): the record has reached the OS when `append` returns (the
+//! file outlives the process), and its commit does nothing. The background flusher writes
+//! the ring's records into the segments with `pwrite` and syncs them every `flush_interval`;
+//! recovery writes what a crashed process left in its ring into the segments first. Where
+//! there is no tmpfs (or on the test file system), records go through the buffer and their
+//! commit writes them out. Nothing under `Buffered` waits for a sync.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its
@@ -73,9 +74,9 @@ mod format;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 mod fuzz;
 mod log;
-mod mapped;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod memfs;
+mod ring;
 mod segment;
 pub(crate) mod vfs;
 mod writer;
@@ -91,6 +92,10 @@ mod tests_crash;
 pub(crate) use fuzz::decode_check;
 pub(crate) use log::Wal;
 
+/// Default bytes of the `Buffered` staging ring: at ~3M records a second of 39 bytes, about
+/// 70 ms of records, many flush intervals.
+pub(crate) const RING_CAPACITY: u64 = 8 << 20;
+
 /// A log sequence number: the logical byte offset of a record in the log.
 pub(crate) type Lsn = u64;
 
@@ -100,8 +105,9 @@ pub(crate) type Lsn = u64;
 pub(crate) struct Appended {
     /// The record's LSN.
     pub(crate) lsn: Lsn,
-    /// The record and every one before it reached the OS already (a mapped `Buffered`
-    /// append): a `Buffered` commit has nothing left to do, and checks nothing shared.
+    /// The record and every one before it reached the OS already (a `Buffered` append
+    /// through the staging ring): a `Buffered` commit has nothing left to do, and checks
+    /// nothing shared.
     pub(super) reached_os: bool,
 }
 
@@ -131,6 +137,9 @@ pub(crate) struct WalConfig {
     pub(crate) durability: crate::Durability,
     /// How often the background thread syncs the log under `Buffered` (default 5 ms).
     pub(crate) flush_interval: std::time::Duration,
+    /// Bytes of the `Buffered` staging ring (a power of two, a multiple of the page size;
+    /// default 8 MiB; 0 for none: appends then go through the append buffer).
+    pub(crate) ring_capacity: u64,
 }
 
 impl Default for WalConfig {
@@ -139,6 +148,7 @@ impl Default for WalConfig {
             segment_size: 64 << 20,
             durability: crate::Durability::Buffered,
             flush_interval: std::time::Duration::from_millis(5),
+            ring_capacity: RING_CAPACITY,
         }
     }
 }
@@ -150,8 +160,7 @@ pub(crate) struct WalStats {
     pub(crate) appends: u64,
     /// Bytes of records appended.
     pub(crate) bytes: u64,
-    /// Writes of buffered records to the OS: `pwrite` calls, or copies into a mapped
-    /// segment.
+    /// `pwrite` calls writing records into segments (from the buffer or the ring).
     pub(crate) writes: u64,
     /// `fdatasync` calls (commits, flushes, background syncs and segment switches).
     pub(crate) syncs: u64,

@@ -1,6 +1,6 @@
 //! Model-checked interleavings (shuttle) of group commit: concurrent appends and commits
 //! under `Sync` (leader election, parked waiters, wake-ups) and under `Buffered` with the
-//! background flusher, on real files. A lost wake-up shows as a shuttle deadlock; a commit
+//! background flusher and a staging ring small enough to fill, on real files. A lost wake-up shows as a shuttle deadlock; a commit
 //! that returns before its record is written or synced fails the checks.
 
 use std::time::Duration;
@@ -21,6 +21,8 @@ fn scenario(durability: Durability) {
         segment_size: 4096,
         durability,
         flush_interval: Duration::from_millis(1),
+        // One page: `Buffered` writers fill it and write it out themselves too.
+        ring_capacity: crate::sync::page_size() as u64,
     };
     let wal = Arc::new(Wal::open(dir.path(), config.clone()).expect("open"));
     let handles: Vec<_> = (0..3u8)

@@ -22,6 +22,8 @@ fn config(segment_size: u64, durability: Durability) -> WalConfig {
         segment_size,
         durability,
         flush_interval: Duration::from_millis(5),
+        // Small, so that tests go round it often and fill it.
+        ring_capacity: 64 << 10,
     }
 }
 
@@ -459,10 +461,15 @@ fn bad_config_and_oversized_records_are_refused() {
 #[test]
 fn buffered_commit_writes_and_the_flusher_syncs() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Buffered)).expect("open");
+    // Without a staging ring, committed Buffered records are in the file (the OS has them)
+    // before any sync; with one, they are once the flusher has run.
+    let unstaged = WalConfig {
+        ring_capacity: 0,
+        ..config(1 << 20, Durability::Buffered)
+    };
+    let wal = Wal::open(dir.path(), unstaged).expect("open");
     let recs = random_records(10, 20, 40);
     let lsns = write_all(&wal, &recs);
-    // Committed Buffered records are in the file (the OS has them) before any sync.
     let path = segment_paths(dir.path()).pop().expect("segment");
     let bytes = fs::read(&path).expect("read");
     let end = lsns[19] + format::record_len(&op(&recs[19]));
@@ -477,12 +484,25 @@ fn buffered_commit_writes_and_the_flusher_syncs() {
     })
     .expect("scan");
     assert_eq!((n, scan.end_lsn), (20, end));
-    // The background flusher syncs without anyone calling flush.
+    drop(wal);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Buffered)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    let path = segment_paths(dir.path()).pop().expect("segment");
+    let end = lsns[19] + format::record_len(&op(&recs[19]));
+    // The background flusher writes and syncs without anyone calling flush.
     let deadline = Instant::now() + Duration::from_secs(5);
     while wal.stats().syncs == 0 {
         assert!(Instant::now() < deadline, "no background sync within 5 s");
         std::thread::sleep(Duration::from_millis(2));
     }
+    let bytes = fs::read(&path).expect("read");
+    let mut r = std::io::Cursor::new(&bytes[..]);
+    let header = format::read_header(&mut r, &path)
+        .expect("io")
+        .expect("header");
+    let scan = format::scan_records(&mut r, &header, &path, |_, _| Ok(())).expect("scan");
+    assert_eq!((scan.records, scan.end_lsn), (20, end));
     // And stays idle when there is nothing new.
     let syncs = wal.stats().syncs;
     std::thread::sleep(Duration::from_millis(50));
@@ -570,62 +590,53 @@ fn fuzz_check_accepts_sample_inputs() {
     super::fuzz::decode_check(&data);
 }
 
-/// Whether this process maps `path` (a line of `/proc/self/maps` ends with it).
-fn is_mapped(path: &Path) -> bool {
-    let maps = fs::read_to_string("/proc/self/maps").expect("maps");
-    let path = path.to_str().expect("utf-8 path");
-    maps.lines().any(|l| l.ends_with(path))
+/// The staging ring file the log in `dir` names, if it does.
+fn ring_file(dir: &Path) -> Option<PathBuf> {
+    let name = fs::read(dir.join(super::ring::NAME_FILE)).ok()?;
+    Some(PathBuf::from(String::from_utf8(name).expect("utf-8 name")))
 }
 
 #[test]
-fn real_segments_are_written_through_a_mapping() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wal = Wal::open(dir.path(), config(4096, Durability::Buffered)).expect("open");
-    let first = segment_paths(dir.path()).pop().expect("segment");
-    assert!(is_mapped(&first), "the active segment is not mapped");
-    let recs = random_records(11, 200, 60);
-    let mut lsns = write_all(&wal, &recs[..1]);
-    assert_eq!(wal.stats().writes, 0, "a record went through pwrite");
-    // Enough records for several segment switches: each new segment is mapped in turn and
-    // the full ones are unmapped, and what went through the mappings reads back in order.
-    lsns.extend(write_all(&wal, &recs[1..]));
-    let paths = segment_paths(dir.path());
-    assert!(paths.len() > 2, "only {} segments", paths.len());
-    let (active, full) = paths.split_last().expect("segments");
-    assert!(is_mapped(active), "the new active segment is not mapped");
-    // A full segment's mapping goes once no pinned thread can still hold it (epochs).
-    let mut rounds = 0;
-    while full.iter().any(|p| is_mapped(p)) {
-        rounds += 1;
-        assert!(rounds < 10_000, "a full segment stays mapped");
-        crate::sync::pin().flush();
-        std::thread::yield_now();
+fn buffered_records_are_staged_in_the_ring_and_survive_a_lost_process() {
+    if !crate::sync::is_tmpfs(Path::new("/dev/shm")) {
+        eprintln!("no tmpfs at /dev/shm: skipped");
+        return;
     }
-    assert_eq!(wal.stats().writes, 0, "a record went through pwrite");
-    drop(wal);
-    let wal = Wal::open(dir.path(), config(4096, Durability::Buffered)).expect("reopen");
-    expect_replay(&wal, 0, &lsns, &recs);
-
-    // Large segments with large records (~3 MiB of them) read back after a reopen.
     let dir = tempfile::tempdir().expect("tempdir");
-    let wal = Wal::open(dir.path(), config(4 << 20, Durability::Buffered)).expect("open");
-    let recs = random_records(12, 3000, 2000);
-    let lsns = write_all(&wal, &recs);
-    assert!(
-        wal.next_lsn() > 2 << 20,
-        "only {} log bytes",
-        wal.next_lsn()
-    );
-    assert_eq!(segment_paths(dir.path()).len(), 1);
+    // The flusher sleeps through the test: only full rings and `flush` write records out.
+    let quiet = WalConfig {
+        flush_interval: Duration::from_secs(3600),
+        ..config(4096, Durability::Buffered)
+    };
+    let wal = Wal::open(dir.path(), quiet.clone()).expect("open");
+    let ring = ring_file(dir.path()).expect("a Buffered log names its ring");
+    assert!(ring.exists());
+    let recs = random_records(11, 6000, 60);
+    let mut lsns = write_all(&wal, &recs[..1]);
+    assert_eq!(wal.stats().writes, 0, "a staged record went through pwrite");
+    // Several times the ring: full rings are written out by the writers themselves, over
+    // many segment switches.
+    lsns.extend(write_all(&wal, &recs[1..4000]));
+    assert!(wal.next_lsn() > 2 * quiet.ring_capacity);
+    assert!(segment_paths(dir.path()).len() > 10);
+    // The process "dies": nothing drains the ring, nothing is synced, nothing is removed.
+    std::mem::forget(wal);
+    let wal = Wal::open(dir.path(), quiet.clone()).expect("reopen");
+    expect_replay(&wal, 0, &lsns, &recs[..4000]);
+    assert!(!ring.exists(), "the old ring was not removed");
+    let new_ring = ring_file(dir.path()).expect("a new ring");
+    assert_ne!(new_ring, ring);
+    // Appends go on after the recovered records; a clean close removes the ring.
+    lsns.extend(write_all(&wal, &recs[4000..]));
     drop(wal);
-    let wal = Wal::open(dir.path(), config(4 << 20, Durability::Buffered)).expect("reopen");
+    assert!(!new_ring.exists() && ring_file(dir.path()).is_none());
+    let wal = Wal::open(dir.path(), quiet).expect("reopen");
     expect_replay(&wal, 0, &lsns, &recs);
     drop(wal);
 
-    // `Sync` writes with `pwrite`: no mapping.
+    // `Sync` stages nothing.
     let dir = tempfile::tempdir().expect("tempdir");
     let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
     write_all(&wal, &recs[..10]);
-    let active = segment_paths(dir.path()).pop().expect("segment");
-    assert!(!is_mapped(&active), "a Sync segment is mapped");
+    assert!(ring_file(dir.path()).is_none(), "a Sync log has a ring");
 }

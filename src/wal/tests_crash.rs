@@ -20,6 +20,8 @@ fn config(durability: Durability) -> WalConfig {
         segment_size: 16384,
         durability,
         flush_interval: Duration::from_millis(5),
+        // Small, so that writers also fill it and write it out themselves.
+        ring_capacity: 64 << 10,
     }
 }
 
@@ -146,8 +148,8 @@ const WRITERS: u8 = 4;
 const CHILD4_ENV: &str = "BFKV_WAL_SIGKILL_CHILD4";
 
 /// Not a test by itself: run by `four_writers_survive_sigkill` in a child process. Four
-/// threads append and commit under `Buffered` (the lock-free mapped path, with small
-/// segments so that switches happen), each numbering its records from where the log left
+/// threads append and commit under `Buffered` (the lock-free staging ring, small enough to
+/// fill, and small segments so that switches happen), each numbering its records from where the log left
 /// it, printing `ack <thread> <i>` after each commit, until the process is killed.
 #[test]
 fn sigkill_child_four_writers() {

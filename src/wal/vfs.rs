@@ -9,12 +9,10 @@
 //!
 //! Errors are plain `io::Error`s: callers add the path, as they did with `std::fs`.
 //!
-//! One capability is optional: [`LogFile::map`], a shared writable mapping of a
-//! preallocated segment, through which the log writes records with a `memcpy` instead of a
-//! `pwrite` (the bytes are in the page cache, so they survive a kill of the process, and
-//! `fdatasync` writes them back like any dirty page of the file). A file that gives no
-//! mapping (`MemFs`, whose power cuts must see every write as a call) is written with
-//! `write_all_at`.
+//! One capability is optional: [`LogFs::stages_in_memory`], whether a `Buffered` log may
+//! stage its records in a ring of shared memory outside the file layer (`wal::ring`).
+//! `MemFs` says no: its power cuts must see every record as a call, and a real tmpfs ring
+//! would outlive its simulated power cut.
 
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
@@ -22,12 +20,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use memmap2::MmapMut;
-
 use crate::sync::Arc;
-
-/// Alignment of a mapping's file offset: a multiple of every page size Linux uses.
-pub(crate) const MAP_ALIGN: u64 = 64 << 10;
 
 /// One open file of the log directory.
 pub(crate) trait LogFile: Send + Sync + Debug {
@@ -44,13 +37,6 @@ pub(crate) trait LogFile: Send + Sync + Debug {
     /// Reserves blocks up to `len` bytes so later writes there need no size update; the
     /// space reads as zeros.
     fn preallocate(&self, len: u64) -> io::Result<()>;
-    /// A shared writable mapping of the `len` bytes at `offset` (a multiple of
-    /// [`MAP_ALIGN`]), if the file can be written through one without risking a fault on
-    /// write (module docs); `None` means write with `write_all_at`. The file is the log's
-    /// alone (the tree directory's `LOCK`) and nothing truncates it while mapped.
-    fn map(&self, _offset: u64, _len: u64) -> Option<MmapMut> {
-        None
-    }
 }
 
 /// The directory operations the log and checkpoints need.
@@ -67,6 +53,11 @@ pub(crate) trait LogFs: Send + Sync + Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the entries of `dir` (created, removed, renamed files) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Whether a `Buffered` log on this file layer may stage records in shared memory
+    /// (module docs).
+    fn stages_in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// Reads a whole file (the checkpoint), `NotFound` if it does not exist.
@@ -165,43 +156,13 @@ impl LogFile for StdFile {
         }
         Ok(())
     }
-
-    /// Only a fully allocated file: a store into a hole of a shared mapping allocates a
-    /// block in the page fault, where a full disk is `SIGBUS`, not an error (so a sparse
-    /// fallback file from `preallocate` keeps using `pwrite`).
-    fn map(&self, offset: u64, len: u64) -> Option<MmapMut> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = self.0.metadata().ok()?;
-        let end = offset.checked_add(len)?;
-        if offset % MAP_ALIGN != 0
-            || meta.len() < end
-            || meta.blocks().saturating_mul(512) < meta.len()
-        {
-            return None;
-        }
-        let len = usize::try_from(len).ok()?;
-        // SAFETY: the mapping covers `len` bytes that exist in the file (checked above), and
-        // the file is a log segment: no other process touches it (the tree directory is
-        // locked), and this process only truncates a segment at open, before mapping it,
-        // or unlinks it, which leaves a mapping valid. Concurrent `pread`s of the segment
-        // copy bytes in the kernel and hold no reference into the mapping.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset)
-                .len(len)
-                .map_mut(&self.0)
-        }
-        .ok()?;
-        // No read-ahead on faults: with it the kernel backs the window with large folios,
-        // and one record stored into a folio dirties all of it, so every background sync
-        // wrote ~1.2 MiB for ~0.4 MiB of records (measured with `/proc/self/io`). Single
-        // pages keep the write-back to what was written. Advice only: failure is harmless.
-        let _ = map.advise(memmap2::Advice::Random);
-        Some(map)
-    }
 }
 
 impl LogFs for StdFs {
+    fn stages_in_memory(&self) -> bool {
+        true
+    }
+
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         fs::create_dir_all(dir)
     }

@@ -1,7 +1,6 @@
-//! The writing side of the log: moves buffered records into segment files with `pwrite`,
-//! switching to a new segment when the next record does not fit. (`Buffered` appends go
-//! around it, straight into the mapped active segment, whenever the segment can be mapped:
-//! see `wal::mapped`.)
+//! The writing side of the log: moves records from the append buffer (`Sync`) or the
+//! staging ring (`Buffered`, `wal::ring`) into segment files with `pwrite`, switching to a
+//! new segment when the next record does not fit.
 
 use std::path::PathBuf;
 
@@ -20,12 +19,6 @@ pub(crate) struct Writer {
     pub(super) segments: Vec<Segment>,
     /// The active segment (shared with a leader that syncs it outside this lock).
     pub(super) file: Arc<dyn LogFile>,
-    /// Whether to try mapping the active segment for lock-free appends: only under
-    /// `Buffered` (under `Sync`, each `fdatasync` write-protects the mapped pages again and
-    /// the next copy takes a page fault: measured 20-25 % fewer commits/s at 2 and 4
-    /// threads than `pwrite`), and false once `LogFile::map` refused the file, so an
-    /// unmappable file costs no further attempts.
-    pub(super) mappable: bool,
     /// Size of the active segment.
     pub(super) segment_size: u64,
     /// File offset of the next write in the active segment.
@@ -40,15 +33,13 @@ pub(crate) struct Writer {
     /// `pwrite` calls. The counters live here, not in shared atomics, because every write
     /// holds this lock anyway.
     pub(super) writes: u64,
-    /// Records appended through mapped segments no longer active.
-    pub(super) mapped_appends: u64,
-    /// Bytes of those records.
-    pub(super) mapped_bytes: u64,
+    /// Bytes taken from the staging ring and written.
+    pub(super) ring_bytes: u64,
 }
 
 impl Writer {
-    /// Writes every buffered record to the segments, switching to a new segment when the
-    /// next record does not fit in the active one.
+    /// Writes every buffered record, then every record published in the staging ring, to
+    /// the segments.
     pub(super) fn write_out(&mut self, s: &Shared) -> Result<()> {
         {
             let mut p = s.pending.lock();
@@ -62,8 +53,42 @@ impl Writer {
                 p.bytes.clear();
             }
         }
-        while self.done < self.inflight.len() {
-            let rest = &self.inflight[self.done..];
+        let inflight = std::mem::take(&mut self.inflight);
+        let (n, res) = self.write_records(s, &inflight[self.done..]);
+        self.inflight = inflight;
+        self.done += n;
+        res?;
+        if let Some(ring) = s.ring.get() {
+            let mut failed = None;
+            // Bytes stay in the ring until written: a failed write is retried from there.
+            ring.region
+                .drain(|at, bytes| {
+                    if at != self.end {
+                        failed = Some(Error::InvalidConfig {
+                            reason: "staging ring out of step with the log",
+                        });
+                        return Ok::<_, ()>(0);
+                    }
+                    let (n, res) = self.write_records(s, bytes);
+                    self.ring_bytes += n as u64;
+                    failed = res.err();
+                    Ok(n)
+                })
+                .unwrap_or(0);
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes whole records from the front of `bytes` (which start at LSN `end`) to the
+    /// segments, switching to a new segment when the next record does not fit; returns how
+    /// many bytes it wrote and the error that stopped it, if one did.
+    fn write_records(&mut self, s: &Shared, bytes: &[u8]) -> (usize, Result<()>) {
+        let mut at = 0;
+        while at < bytes.len() {
+            let rest = &bytes[at..];
             let room = self.segment_size.saturating_sub(self.offset);
             let n = if rest.len() as u64 <= room {
                 rest.len()
@@ -72,20 +97,22 @@ impl Writer {
             };
             if n > 0 {
                 let path = self.active_path();
-                self.file
-                    .write_all_at(&rest[..n], self.offset)
-                    .map_err(|e| Error::io(path, e))?;
+                if let Err(e) = self.file.write_all_at(&rest[..n], self.offset) {
+                    return (at, Err(Error::io(path, e)));
+                }
                 self.writes += 1;
                 self.offset += n as u64;
-                self.done += n;
                 self.end += n as u64;
-                s.written.store(self.end, Ordering::Release);
+                at += n;
+                s.written.fetch_max(self.end, Ordering::AcqRel);
             }
-            if self.done < self.inflight.len() {
-                self.next_segment(s)?;
+            if at < bytes.len() {
+                if let Err(e) = self.next_segment(s) {
+                    return (at, Err(e));
+                }
             }
         }
-        Ok(())
+        (at, Ok(()))
     }
 
     /// Path of the active segment.
@@ -110,7 +137,6 @@ impl Writer {
         s.syncs.fetch_add(1, Ordering::Relaxed);
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, self.end, s.config.segment_size)?;
         self.segments.push(seg);
-        self.mappable = s.config.durability == crate::Durability::Buffered;
         self.file = file;
         self.segment_size = s.config.segment_size;
         self.offset = HEADER_SIZE;
