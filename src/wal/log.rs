@@ -3,6 +3,7 @@
 
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::format::{self, HEADER_SIZE};
 use super::ring::{self, StagingRing};
@@ -11,8 +12,6 @@ use super::vfs::{LogFs, Reader};
 use super::writer::Writer;
 use super::{Appended, LogOp, Lsn, ReplayStats, WalConfig, WalStats};
 use crate::error::{Error, Result};
-use std::sync::OnceLock;
-
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::Durability;
 
