@@ -11,6 +11,8 @@ pub const MIN_PAGE_SIZE: usize = 4 << 10;
 pub const MAX_PAGE_SIZE: usize = 64 << 10;
 /// Default leaf page size (bytes), the paper's and the SSD's natural unit.
 pub const DEFAULT_PAGE_SIZE: usize = 4 << 10;
+/// Default size of the `Buffered` log's staging ring (bytes; see [`Config::log_staging_size`]).
+pub const DEFAULT_LOG_STAGING_SIZE: usize = 8 << 20;
 /// Default circular-buffer size (bytes).
 pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
 
@@ -23,10 +25,11 @@ pub enum Durability {
     /// A write returns after its log record reached the operating system; the log is synced
     /// in the background every few milliseconds. Survives a crash of the process.
     ///
-    /// Where `/dev/shm` is a tmpfs, records are staged there first, in an 8 MiB file per open
-    /// tree that outlives the process (a store into memory, no system call); the next open
-    /// writes a crashed process's staged records into the log. Elsewhere each write copies
-    /// its record into the log file with a system call.
+    /// Where `/dev/shm` is a tmpfs, records are staged there first, in a file per open tree
+    /// that outlives the process (a store into memory, no system call; 8 MiB, see
+    /// [`Config::log_staging_size`]); the next open writes a crashed process's staged
+    /// records into the log. Elsewhere each write copies its record into the log file with
+    /// a system call.
     #[default]
     Buffered,
     /// No log. Data is durable after `flush`, `checkpoint` or `close` only; a crash returns
@@ -69,6 +72,7 @@ pub struct Config {
     pub(crate) flush_interval: Duration,
     pub(crate) checkpoint_log_bytes: u64,
     pub(crate) log_segment_size: u64,
+    pub(crate) log_staging_size: usize,
 }
 
 impl Config {
@@ -96,6 +100,7 @@ impl Config {
             flush_interval: Duration::from_millis(5),
             checkpoint_log_bytes: 128 << 20,
             log_segment_size: 64 << 20,
+            log_staging_size: DEFAULT_LOG_STAGING_SIZE,
         }
     }
 
@@ -180,6 +185,23 @@ impl Config {
         self
     }
 
+    /// Bytes of shared memory that stage log records under [`Durability::Buffered`]: a
+    /// file in `/dev/shm` (which must be a tmpfs), so that a write stores its record into
+    /// memory that outlives the process instead of making a system call. A power of two
+    /// from 64 KiB to 1 GiB, or 0 to stage nothing: each write then copies its record into
+    /// the log file with `pwrite`. Default 8 MiB. Where `/dev/shm` is missing, full or not a
+    /// tmpfs, the tree opens without staging.
+    ///
+    /// ```
+    /// let config = bfkv::Config::new("db").log_staging_size(0);
+    /// assert!(config.validate().is_ok());
+    /// assert!(bfkv::Config::new("db").log_staging_size(1000).validate().is_err());
+    /// ```
+    pub fn log_staging_size(mut self, bytes: usize) -> Self {
+        self.log_staging_size = bytes;
+        self
+    }
+
     /// Size of each write-ahead log segment file (4 KiB to 4 GiB). Default 64 MiB. Hidden:
     /// the damaged-file tests and benchmarks use small segments to have many of them.
     #[doc(hidden)]
@@ -234,6 +256,10 @@ impl Config {
         }
         if self.checkpoint_log_bytes < 1 << 20 {
             return bad("checkpoint log size must be at least 1 MiB");
+        }
+        let staging = self.log_staging_size;
+        if staging != 0 && !(staging.is_power_of_two() && (64 << 10..=1 << 30).contains(&staging)) {
+            return bad("log staging size must be 0 or a power of two from 64 KiB to 1 GiB");
         }
         Ok(())
     }
@@ -329,6 +355,9 @@ mod tests {
             Config::in_memory().promotion_percent(200),
             Config::in_memory().merge_threshold(8),
             Config::in_memory().merge_threshold(8192),
+            Config::in_memory().log_staging_size(4096),
+            Config::in_memory().log_staging_size(3 << 20),
+            Config::in_memory().log_staging_size(2 << 30),
         ] {
             assert!(
                 matches!(c.validate(), Err(Error::InvalidConfig { .. })),

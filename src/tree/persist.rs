@@ -238,7 +238,7 @@ pub(crate) fn open_on(
             // Nothing to stage without appends (a crashed session's ring is still read).
             ring_capacity: match config.durability {
                 Durability::None => 0,
-                _ => crate::wal::RING_CAPACITY,
+                _ => config.log_staging_size as u64,
             },
         },
     )?;
@@ -483,6 +483,32 @@ mod tests {
         }
         for n in 0..bytes.len() {
             assert!(decode(&bytes[..n], path, 4096).is_err(), "truncated to {n}");
+        }
+    }
+
+    #[test]
+    #[cfg(not(feature = "shuttle"))]
+    fn buffered_trees_stage_in_shared_memory_unless_told_not_to() {
+        let shm = std::path::Path::new("/dev/shm");
+        for staging in [crate::config::DEFAULT_LOG_STAGING_SIZE, 64 << 10, 0] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = Config::new(dir.path()).log_staging_size(staging);
+            let tree = crate::Tree::open(config.clone()).expect("open");
+            for i in 0..2000u32 {
+                tree.insert(i.to_be_bytes(), [7u8; 40]).expect("insert");
+            }
+            let name = dir.path().join("wal").join("ring");
+            let staged = staging != 0 && crate::sync::is_tmpfs(shm);
+            assert_eq!(name.exists(), staged, "staging {staging}");
+            let ring = std::fs::read_to_string(&name).ok();
+            tree.close().expect("close");
+            // A clean close leaves no ring behind.
+            assert!(!name.exists());
+            assert!(ring.is_none_or(|r| !std::path::Path::new(&r).exists()));
+            let tree = crate::Tree::open(config).expect("reopen");
+            for i in 0..2000u32 {
+                assert_eq!(tree.get(i.to_be_bytes()).expect("get"), Some(vec![7u8; 40]));
+            }
         }
     }
 }

@@ -92,10 +92,6 @@ mod tests_crash;
 pub(crate) use fuzz::decode_check;
 pub(crate) use log::Wal;
 
-/// Default bytes of the `Buffered` staging ring: at ~3M records a second of 39 bytes, about
-/// 70 ms of records, many flush intervals.
-pub(crate) const RING_CAPACITY: u64 = 8 << 20;
-
 /// A log sequence number: the logical byte offset of a record in the log.
 pub(crate) type Lsn = u64;
 
@@ -148,7 +144,9 @@ impl Default for WalConfig {
             segment_size: 64 << 20,
             durability: crate::Durability::Buffered,
             flush_interval: std::time::Duration::from_millis(5),
-            ring_capacity: RING_CAPACITY,
+            // At ~3M records a second of 39 bytes, about 70 ms of records: many flush
+            // intervals.
+            ring_capacity: crate::config::DEFAULT_LOG_STAGING_SIZE as u64,
         }
     }
 }
