@@ -62,7 +62,7 @@ pub(crate) struct AppendRegion {
     _map: RingMap,
 }
 
-// SAFETY: the raw pointer is into `map`, which lives exactly as long as the region. Bytes
+// SAFETY: the raw pointer is into `_map`, which lives exactly as long as the region. Bytes
 // are only reached through `reserve`, which hands each range to one caller (the cursor only
 // moves forward, by compare-and-swap, and never more than a capacity past the floor), and
 // through `drain`, which reads only published bytes no reservation can reach until the
