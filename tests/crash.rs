@@ -3,7 +3,9 @@
 //! was acknowledged; the parent kills it at a random moment, reopens the directory and checks
 //! that every acknowledged write (removals included) is there. The one operation in flight at
 //! the kill may or may not have happened. The cache is tiny and checkpoints frequent, so
-//! evictions, splits and checkpoints are interrupted too.
+//! evictions, splits and checkpoints are interrupted too. `Buffered` runs three ways: with
+//! the default staging ring, with a ring small enough that the writer fills it and writes
+//! it out itself, and with no ring.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -17,17 +19,22 @@ use rand::{Rng, SeedableRng};
 const CHILD_ENV: &str = "BFKV_CRASH_CHILD";
 const CYCLES: u64 = 20;
 
-fn config(dir: &std::path::Path, durability: Durability) -> Config {
-    Config::new(dir)
+/// The tree's configuration in mode `mode`: `sync`, `buffered` (records staged in the
+/// default ring in `/dev/shm`), `buffered-small-ring` (a 64 KiB ring, which the writer fills
+/// and writes out itself many times a second) or `buffered-unstaged` (no ring: each write
+/// `pwrite`s its record).
+fn config(dir: &std::path::Path, mode: &str) -> Config {
+    let config = Config::new(dir)
         .cache_size(256 << 10)
-        .durability(durability)
-        .checkpoint_log_bytes(1 << 20)
-}
-
-fn durability_from(name: &str) -> Durability {
-    match name {
-        "sync" => Durability::Sync,
-        _ => Durability::Buffered,
+        .checkpoint_log_bytes(1 << 20);
+    match mode {
+        "sync" => config.durability(Durability::Sync),
+        "buffered" => config.durability(Durability::Buffered),
+        "buffered-small-ring" => config
+            .durability(Durability::Buffered)
+            .log_staging_size(64 << 10),
+        "buffered-unstaged" => config.durability(Durability::Buffered).log_staging_size(0),
+        other => panic!("unknown mode {other}"),
     }
 }
 
@@ -43,7 +50,7 @@ fn child(spec: &str) -> ! {
             .and_then(|c| c.parse::<u64>().ok())
             .unwrap_or(0),
     );
-    let tree = Tree::open(config(dir.as_ref(), durability_from(&mode))).expect("child open");
+    let tree = Tree::open(config(dir.as_ref(), &mode)).expect("child open");
     let mut out = std::io::stdout().lock();
     writeln!(out, "OPEN")
         .and_then(|()| out.flush())
@@ -101,7 +108,10 @@ fn run_cycles(mode: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut model: BTreeMap<String, String> = BTreeMap::new();
     let exe = std::env::current_exe().expect("test binary");
-    let test_name = format!("kill_9_loses_no_acknowledged_write_{mode}");
+    let test_name = format!(
+        "kill_9_loses_no_acknowledged_write_{}",
+        mode.replace('-', "_")
+    );
     let mut rng = StdRng::seed_from_u64(0xC0FFEE ^ mode.len() as u64);
     let mut acknowledged_total = 0u64;
     for cycle in 0..CYCLES {
@@ -175,8 +185,7 @@ fn run_cycles(mode: &str) {
             }
         }
         // Reopen: every acknowledged write must be there; the pending one may or may not.
-        let tree =
-            Tree::open(config(dir.path(), durability_from(mode))).expect("reopen after kill");
+        let tree = Tree::open(config(dir.path(), mode)).expect("reopen after kill");
         let mut with_pending = model.clone();
         if let Some(op) = &pending {
             apply(&mut with_pending, op);
@@ -231,4 +240,20 @@ fn kill_9_loses_no_acknowledged_write_buffered() {
         child(&spec);
     }
     run_cycles("buffered");
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_buffered_small_ring() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    run_cycles("buffered-small-ring");
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_buffered_unstaged() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    run_cycles("buffered-unstaged");
 }
