@@ -29,6 +29,8 @@ const BACKOFF_ON_ERROR: Duration = Duration::from_millis(20);
 /// A stop flag and a doorbell, shared between the tree and one kind of background thread.
 struct Control {
     stop: AtomicBool,
+    /// Rung and not yet answered: set by the first `ring`, cleared when a thread wakes.
+    rung: AtomicBool,
     wake: Mutex<bool>,
     bell: Condvar,
 }
@@ -37,6 +39,7 @@ impl Control {
     fn new() -> Arc<Control> {
         Arc::new(Control {
             stop: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
             wake: Mutex::new(false),
             bell: Condvar::new(),
         })
@@ -46,7 +49,14 @@ impl Control {
         self.stop.load(Ordering::Acquire)
     }
 
+    /// Wakes the threads. Writers ring after every write while the buffer is short of room;
+    /// a ring not answered yet needs no other (the thread it wakes looks at the buffer
+    /// itself), and skipping it saves the mutex, which two writers would pass back and forth,
+    /// and the `futex` wake, a system call even with nobody waiting.
     fn ring(&self) {
+        if self.rung.load(Ordering::Relaxed) || self.rung.swap(true, Ordering::AcqRel) {
+            return;
+        }
         *self.wake.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.bell.notify_all();
     }
@@ -59,6 +69,8 @@ impl Control {
             .wait_timeout_while(guard, timeout, |w| !*w && !self.stopped())
             .unwrap_or_else(PoisonError::into_inner);
         *woken = false;
+        // After clearing `wake`, under its lock: a ring from here on wakes the next wait.
+        self.rung.store(false, Ordering::Release);
     }
 }
 
@@ -167,5 +179,54 @@ fn run_evictor(tree: &Shared, control: &Control) {
             continue;
         }
         control.wait(POLL);
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A wait that a ring should end returns long before this.
+    const LONG: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn rings_while_one_is_pending_are_skipped_and_none_is_lost() {
+        let c = Control::new();
+        // Many rings with nobody waiting: the first is kept, the rest skipped.
+        for _ in 0..1000 {
+            c.ring();
+        }
+        assert!(c.rung.load(Ordering::Acquire));
+        let start = Instant::now();
+        c.wait(LONG);
+        assert!(start.elapsed() < LONG / 2, "the pending ring was lost");
+        assert!(
+            !c.rung.load(Ordering::Acquire),
+            "waking did not clear the ring"
+        );
+        // The next ring, after a wake, is not skipped.
+        c.ring();
+        let start = Instant::now();
+        c.wait(LONG);
+        assert!(
+            start.elapsed() < LONG / 2,
+            "a ring after a wake was skipped"
+        );
+        // A thread already asleep is woken.
+        let sleeper = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                c.wait(LONG);
+                start.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        c.ring();
+        assert!(
+            sleeper.join().expect("sleeper") < LONG / 2,
+            "the sleeper was not woken"
+        );
     }
 }
