@@ -105,16 +105,18 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
     out[at..at + key.len()].copy_from_slice(key);
     at += key.len();
     out[at..at + value.len()].copy_from_slice(value);
-    let crc = record_crc(lsn, &out[4..]);
+    let crc = record_crc(lsn, &out[4..], &[]);
     out[..4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The record checksum covers the record's LSN, which is not stored: a record read anywhere
 /// but at its own position (a stale record of a recycled or reused file, a copy in the wrong
 /// place) fails it. It covers the lengths too, so damaged lengths cannot make the reader
-/// check the wrong bytes against a checksum that happens to match.
-fn record_crc(lsn: Lsn, rest: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&lsn.to_le_bytes()), rest)
+/// check the wrong bytes against a checksum that happens to match. `head` and `data` are
+/// the record after its checksum, in two pieces (the reader holds them apart).
+fn record_crc(lsn: Lsn, head: &[u8], data: &[u8]) -> u32 {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&lsn.to_le_bytes()), head);
+    crc32c::crc32c_append(crc, data)
 }
 
 /// The record lengths at the start of `b` (after the operation byte): key length, value
@@ -309,10 +311,7 @@ pub(crate) fn scan_records<R: Read>(
             return Ok(scan.torn("truncated record"));
         }
         let crc = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        let expected = crc32c::crc32c_append(
-            crc32c::crc32c_append(crc32c::crc32c(&scan.end_lsn.to_le_bytes()), &head[4..have]),
-            &data,
-        );
+        let expected = record_crc(scan.end_lsn, &head[4..have], &data);
         if crc != expected {
             // Also a valid record from another place in the log (its LSN is not this one).
             return Ok(scan.torn("record checksum mismatch"));

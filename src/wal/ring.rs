@@ -208,8 +208,7 @@ impl StagingRing {
 
     /// Removes the ring's files (a clean close, once every record in it is synced).
     pub(super) fn remove(&self) {
-        let _ = fs::remove_file(&self.name_file);
-        let _ = fs::remove_file(&self.path);
+        remove_files(&self.name_file, Some(&self.path));
     }
 }
 
@@ -227,10 +226,17 @@ pub(super) struct Leftover {
 impl Leftover {
     /// Removes the old ring's files: call once its records are durable in the segments.
     pub(super) fn remove(&self) {
-        let _ = fs::remove_file(&self.name_file);
-        if let Some(p) = &self.path {
-            let _ = fs::remove_file(p);
-        }
+        remove_files(&self.name_file, self.path.as_deref());
+    }
+}
+
+/// Removes a directory's name file, then the ring it named (if it is ours). Failures are
+/// left: a name file that stays names a ring that is gone or empty of later records, which
+/// the next open reads as nothing.
+fn remove_files(name_file: &Path, ring: Option<&Path>) {
+    let _ = fs::remove_file(name_file);
+    if let Some(p) = ring {
+        let _ = fs::remove_file(p);
     }
 }
 
