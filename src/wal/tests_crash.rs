@@ -28,6 +28,12 @@ fn config(durability: Durability) -> WalConfig {
 /// Environment variable that turns `sigkill_child` into the writer process.
 const CHILD_ENV: &str = "BFKV_WAL_SIGKILL_CHILD";
 
+/// Appends an insert of `key` and `value` and waits until it is acknowledged.
+fn insert_and_commit(wal: &Wal, key: &[u8], value: &[u8]) {
+    let appended = wal.append(LogOp::Insert { key, value }).expect("append");
+    wal.commit(appended).expect("commit");
+}
+
 fn child_value(i: u64) -> Vec<u8> {
     vec![(i % 251) as u8; (i % 97) as usize]
 }
@@ -55,15 +61,7 @@ fn sigkill_child() {
     })
     .expect("child replay");
     for i in next.. {
-        let key = i.to_be_bytes();
-        let value = child_value(i);
-        let appended = wal
-            .append(LogOp::Insert {
-                key: &key,
-                value: &value,
-            })
-            .expect("append");
-        wal.commit(appended).expect("commit");
+        insert_and_commit(&wal, &i.to_be_bytes(), &child_value(i));
         println!("ack {i}");
     }
 }
@@ -172,14 +170,7 @@ fn sigkill_child_four_writers() {
                 for i in start.. {
                     let mut key = vec![t];
                     key.extend_from_slice(&i.to_be_bytes());
-                    let value = child_value(i);
-                    let appended = wal
-                        .append(LogOp::Insert {
-                            key: &key,
-                            value: &value,
-                        })
-                        .expect("append");
-                    wal.commit(appended).expect("commit");
+                    insert_and_commit(wal, &key, &child_value(i));
                     println!("ack {t} {i}");
                 }
             });
