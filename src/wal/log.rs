@@ -651,13 +651,13 @@ impl Shared {
     }
 
     /// Every record below this LSN reached the OS (is in the staging ring or written).
-    pub(super) fn written_lsn(&self) -> Lsn {
+    fn written_lsn(&self) -> Lsn {
         let staged = self.ring.get().map_or(0, |r| r.region.done());
         staged.max(self.written.load(Ordering::Acquire))
     }
 
     /// The LSN the next append gets.
-    pub(super) fn next_lsn(&self) -> Lsn {
+    fn next_lsn(&self) -> Lsn {
         match self.ring.get() {
             Some(r) => r.region.cursor(),
             None => self.appended.load(Ordering::Acquire),
