@@ -59,6 +59,7 @@
 
 mod alloc;
 mod buf;
+pub(crate) mod checksum;
 mod disk;
 #[cfg(any(test, feature = "internals"))]
 mod fault;

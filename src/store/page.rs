@@ -1,7 +1,7 @@
 //! The 8-byte header every page starts with: checksum and format marker (layout in the
 //! module docs of `store`).
 
-use super::{PageNo, STORE_RESERVED};
+use super::{checksum, PageNo, STORE_RESERVED};
 
 /// Marks a page as written by this store; an all-zero page never matches.
 const PAGE_MAGIC: u16 = 0xBF5E;
@@ -23,8 +23,8 @@ pub(super) enum Kind {
 /// The checksum of `buf` as it would sit at page `page`: crc32c of the page number (u64 LE)
 /// followed by everything after the header.
 fn checksum(page: PageNo, buf: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(&page.to_le_bytes());
-    crc32c::crc32c_append(crc, &buf[STORE_RESERVED..])
+    let crc = checksum::crc32c(&page.to_le_bytes());
+    checksum::crc32c_append(crc, &buf[STORE_RESERVED..])
 }
 
 /// Writes the header of a `kind` page destined for `page` into `buf[..STORE_RESERVED]`.

@@ -6,6 +6,7 @@
 //! One bit per hashed key; the filter forgets everything once an eighth of its bits are set
 //! (a new key then passes by collision at most one time in eight).
 
+use crate::store::checksum;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bits per byte of cache: 1/16 of the cache size in bytes, a window of about a record
@@ -44,7 +45,7 @@ impl Doorkeeper {
     /// True if `key` missed before in the current window (promote it now); otherwise
     /// remembers it and returns false.
     pub(crate) fn admit(&self, key: &[u8]) -> bool {
-        let h = u64::from(crc32c::crc32c(key));
+        let h = u64::from(checksum::crc32c(key));
         let word = &self.words[(h >> 6) as usize & (self.words.len() - 1)];
         let bit = 1u64 << (h & 63);
         if word.load(Ordering::Relaxed) & bit != 0 {

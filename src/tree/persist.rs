@@ -26,7 +26,7 @@ use super::{inner, Restart, Shared};
 use crate::config::{Config, IoBackend};
 use crate::error::{Error, Result};
 use crate::pool::{BufferPool, Location, PageId};
-use crate::store::{Backend, FileStore, PageStore, FIRST_DATA_PAGE};
+use crate::store::{checksum, Backend, FileStore, PageStore, FIRST_DATA_PAGE};
 use crate::sync::{Arc, Mutex};
 use crate::wal::vfs::{self, LogFs, StdFs};
 use crate::wal::{Lsn, Wal, WalConfig};
@@ -270,7 +270,7 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Lea
         return Err(bad("checkpoint file too short"));
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body).to_le_bytes() != crc {
+    if checksum::crc32c(body).to_le_bytes() != crc {
         return Err(bad("checkpoint checksum mismatch"));
     }
     if &body[..8] != MAGIC {
@@ -344,7 +344,7 @@ fn encode(page_size: usize, lsn: u64, leaves: &[(Vec<u8>, PageId, u64)]) -> Vec<
         out.extend_from_slice(&(low.len() as u16).to_le_bytes());
         out.extend_from_slice(low);
     }
-    let crc = crc32c::crc32c(&out);
+    let crc = checksum::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }

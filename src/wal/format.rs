@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::{LogOp, Lsn};
 use crate::error::{Error, Result};
+use crate::store::checksum;
 
 /// First bytes of every segment file.
 pub(crate) const MAGIC: [u8; 8] = *b"BFKVWAL\0";
@@ -115,8 +116,8 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
 /// check the wrong bytes against a checksum that happens to match. `head` and `data` are
 /// the record after its checksum, in two pieces (the reader holds them apart).
 fn record_crc(lsn: Lsn, head: &[u8], data: &[u8]) -> u32 {
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&lsn.to_le_bytes()), head);
-    crc32c::crc32c_append(crc, data)
+    let crc = checksum::crc32c_append(checksum::crc32c(&lsn.to_le_bytes()), head);
+    checksum::crc32c_append(crc, data)
 }
 
 /// The record lengths at the start of `b` (after the operation byte): key length, value
@@ -172,7 +173,7 @@ impl SegmentHeader {
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         b[16..24].copy_from_slice(&self.segment_size.to_le_bytes());
         b[24..32].copy_from_slice(&self.first_lsn.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..HEADER_CHECKED]);
+        let crc = checksum::crc32c(&b[..HEADER_CHECKED]);
         b[32..36].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -183,7 +184,7 @@ impl SegmentHeader {
             return Err("bad log segment magic");
         }
         let crc = u32::from_le_bytes([b[32], b[33], b[34], b[35]]);
-        if crc != crc32c::crc32c(&b[..HEADER_CHECKED]) {
+        if crc != checksum::crc32c(&b[..HEADER_CHECKED]) {
             return Err("log segment header checksum mismatch");
         }
         if u32::from_le_bytes([b[8], b[9], b[10], b[11]]) != VERSION {

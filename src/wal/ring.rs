@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use super::format::{self, SegmentHeader, HEADER_SIZE};
 use super::Lsn;
 use crate::error::{Error, Result};
+use crate::store::checksum;
 use crate::sync::{AppendRegion, RingMap};
 
 /// The directory of ring files, when it is a tmpfs.
@@ -121,7 +122,7 @@ impl RingHeader {
         {
             b[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&b[..56]);
+        let crc = checksum::crc32c(&b[..56]);
         b[56..60].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -142,7 +143,7 @@ impl RingHeader {
             nonce: u64_at(48),
         };
         let sane = b[0..8] == MAGIC
-            && crc == crc32c::crc32c(&b[..56])
+            && crc == checksum::crc32c(&b[..56])
             && b[8..12] == VERSION.to_le_bytes()
             && h.capacity.is_power_of_two()
             && h.capacity <= MAX_CAPACITY
