@@ -99,14 +99,22 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
         LogOp::Remove { key } => (OP_REMOVE, key, &[]),
     };
     debug_assert_eq!(out.len() as u64, record_len(op));
-    out[4] = code;
-    let mut at = RECORD_FIXED as usize;
-    at += put_varint(&mut out[at..], key.len() as u64);
-    at += put_varint(&mut out[at..], value.len() as u64);
+    // The operation and lengths are put together on the stack and everything is checksummed
+    // from where it already is: reading the record back out of `out` right after the byte
+    // copies would stall on loads that straddle those stores.
+    let mut head = [0u8; 1 + 2 * 5];
+    head[0] = code;
+    let mut n = 1;
+    n += put_varint(&mut head[n..], key.len() as u64);
+    n += put_varint(&mut head[n..], value.len() as u64);
+    let head = &head[..n];
+    let crc = checksum::crc32c_append(record_crc(lsn, head, key), value);
+    let at = RECORD_FIXED as usize - 1;
+    out[at..at + n].copy_from_slice(head);
+    let at = at + n;
     out[at..at + key.len()].copy_from_slice(key);
-    at += key.len();
+    let at = at + key.len();
     out[at..at + value.len()].copy_from_slice(value);
-    let crc = record_crc(lsn, &out[4..], &[]);
     out[..4].copy_from_slice(&crc.to_le_bytes());
 }
 
