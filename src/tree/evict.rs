@@ -9,7 +9,7 @@ use super::inner::{ChildRef, Entry, Path, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};
 use super::{Attempt, Restart, Shared, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
-use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
+use crate::node::{self, NodeKind, NodeMut, NodeRef, Record};
 use crate::pool::{EvictGuard, Location, PageId, WriteGuard};
 use crate::store::{PageBuf, PageStore};
 use crate::sync::{self, Arc, MutexGuard, Ordering};
@@ -32,16 +32,58 @@ pub(super) enum Action {
     KeepClean(u64),
     /// Nothing changed on disk; keep the block as it is.
     Nothing,
+    /// The leaf is built in a page batch, bound for page `new`, and not written yet; once
+    /// the batch is written, the lock holder records the move (`Shared::finish_staged`).
+    /// Only a write-back given a batch returns this.
+    Staged {
+        /// The page the leaf lived in before.
+        old: Option<u64>,
+        /// The page the batch writes it to.
+        new: u64,
+    },
+}
+
+/// Leaves built by checkpoint write-backs, waiting to be written with one `write_batch`
+/// (`checkpoint.rs`). Page `pages[i]` gets `bufs[i]`; buffers beyond `pages.len()` are
+/// spares kept from earlier batches.
+#[derive(Default)]
+pub(super) struct PageBatch {
+    /// Built leaves, and spare buffers.
+    pub(super) bufs: Vec<PageBuf>,
+    /// The allocated page of each built leaf.
+    pub(super) pages: Vec<u64>,
+}
+
+impl PageBatch {
+    /// The buffer the next leaf is built in: still free until `push` claims it.
+    fn next_buf(&mut self, page_size: usize) -> &mut PageBuf {
+        let i = self.pages.len();
+        if self.bufs.len() == i {
+            self.bufs.push(PageBuf::new(page_size));
+        }
+        &mut self.bufs[i]
+    }
+
+    /// Claims the buffer `next_buf` returned for a leaf bound for `page`.
+    fn push(&mut self, page: u64) {
+        self.pages.push(page);
+    }
 }
 
 impl Shared {
     /// The eviction callback: writes back the leaf whose block reached the head.
     pub(super) fn evict_block(&self, page: &mut EvictGuard<'_, '_>, bytes: &[u8]) -> Attempt<()> {
         Ok(
-            match self.write_back(page.page_id(), bytes, AfterWrite::Detach, None)? {
+            match self.write_back(page.page_id(), bytes, AfterWrite::Detach, None, None)? {
                 Ok(Action::Detach(disk)) | Ok(Action::KeepClean(disk)) => {
                     page.set_location_disk(disk);
                     Ok(())
+                }
+                Ok(Action::Staged { .. }) => {
+                    // Only a write-back given a batch stages, and this one has none. Were it
+                    // to happen, failing keeps the block live and intact for a retry.
+                    debug_assert!(false, "eviction got a staged write-back");
+                    Err(Restart::Retry)
                 }
                 Ok(Action::Nothing) => {
                     // Eviction must free the block: a clean node maps back to its disk page.
@@ -54,41 +96,17 @@ impl Shared {
         )
     }
 
-    /// Writes back a write-locked leaf for a checkpoint and applies the resulting action.
-    pub(super) fn checkpoint_leaf<'p>(
-        &'p self,
-        page: &mut WriteGuard<'p>,
-        smo: Option<&MutexGuard<'_, ()>>,
-    ) -> Attempt<()> {
-        let Some(bytes) = page.mini() else {
-            return Ok(Ok(()));
-        };
-        let action = match self.write_back(page.page_id(), bytes, AfterWrite::Keep, smo)? {
-            Ok(a) => a,
-            Err(r) => return Ok(Err(r)),
-        };
-        match action {
-            Action::Detach(disk) => {
-                if let Some(old) = page.set_location_disk(disk) {
-                    self.pool.dealloc(old);
-                }
-            }
-            Action::KeepClean(disk) => make_clean(page, disk),
-            Action::Nothing => {}
-        }
-        Ok(Ok(()))
-    }
-
     /// Writes a write-locked leaf's buffered changes to disk. A leaf that comes out empty is
     /// removed from the tree; one that overflows a page is split. `smo` is the structure lock
     /// if the caller holds it (checkpoints); otherwise it is tried, and `Retry` returned when
     /// busy.
-    fn write_back(
+    pub(super) fn write_back(
         &self,
         pid: PageId,
         bytes: &[u8],
         after: AfterWrite,
         smo: Option<&MutexGuard<'_, ()>>,
+        mut batch: Option<&mut PageBatch>,
     ) -> Attempt<Action> {
         let node = NodeRef::from_bytes(bytes);
         let disk = node.disk_page();
@@ -109,10 +127,12 @@ impl Shared {
                 let mut route = Vec::new();
                 node.key_into(0, &mut route);
                 let records = match disk {
-                    Some(p) => match self.merge_in_place(pid, node, p, after)? {
-                        Ok(action) => return Ok(Ok(action)),
-                        Err(records) => records,
-                    },
+                    Some(p) => {
+                        match self.merge_in_place(pid, node, p, after, batch.as_deref_mut())? {
+                            Ok(action) => return Ok(Ok(action)),
+                            Err(records) => records,
+                        }
+                    }
                     None => live_records(node),
                 };
                 (records, Some(route))
@@ -171,27 +191,35 @@ impl Shared {
         let Some(store) = &self.store else {
             return Ok(Ok(Action::Nothing));
         };
+        let (low, high) = (low.as_deref(), high.as_deref());
+        if let Some(batch) = batch {
+            let buf = batch.next_buf(self.page_size);
+            self.build_leaf(buf, low, high, &records)?;
+            let new = store.allocate()?;
+            NodeMut::from_bytes(buf).set_disk_page(Some(new));
+            batch.push(new);
+            return Ok(Ok(Action::Staged { old: disk, new }));
+        }
         let new_page = with_page_buf(self.page_size, |buf| -> Result<u64> {
-            buf.fill(0);
-            if node::build(
-                buf,
-                NodeKind::Leaf,
-                low.as_deref(),
-                high.as_deref(),
-                &records,
-            )
-            .is_err()
-            {
-                // `split_records` said one page suffices; never write a partial leaf.
-                return Err(crate::error::Error::corruption(
-                    &self.data_path,
-                    None,
-                    "leaf did not fit its page",
-                ));
-            }
+            self.build_leaf(buf, low, high, &records)?;
             self.write_new_page(store, buf)
         })?;
         Ok(Ok(self.moved(pid, disk, new_page, after)))
+    }
+
+    /// Builds one leaf of `records` between the fences in `buf`.
+    fn build_leaf(
+        &self,
+        buf: &mut PageBuf,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        records: &[Record],
+    ) -> Result<()> {
+        buf.fill(0);
+        node::build(buf, NodeKind::Leaf, low, high, records).map_err(|_| {
+            // `split_records` said one page suffices; never write a partial leaf.
+            crate::error::Error::corruption(&self.data_path, None, "leaf did not fit its page")
+        })
     }
 
     /// Writes the leaf built in `buf` to a newly allocated page (freed again if the write
@@ -208,7 +236,13 @@ impl Shared {
 
     /// Records that leaf `pid` now lives in `new` instead of `old` and says what becomes of
     /// its cached node.
-    fn moved(&self, pid: PageId, old: Option<u64>, new: u64, after: AfterWrite) -> Action {
+    pub(super) fn moved(
+        &self,
+        pid: PageId,
+        old: Option<u64>,
+        new: u64,
+        after: AfterWrite,
+    ) -> Action {
         if let Some(old) = old {
             self.pages.supersede(self, old);
         }
@@ -220,28 +254,50 @@ impl Shared {
     }
 
     /// The common case of writing back a mini-page: read its leaf, merge the dirty records
-    /// into that page buffer in place, write it to a new page. Falls back (returning the
-    /// merged records) when they overflow the page or leave it empty.
+    /// into that page buffer in place, write it to a new page (or stage it in `batch`).
+    /// Falls back (returning the merged records) when they overflow the page or leave it
+    /// empty.
     fn merge_in_place(
         &self,
         pid: PageId,
         mini: NodeRef<'_>,
         disk: u64,
         after: AfterWrite,
+        batch: Option<&mut PageBatch>,
     ) -> Result<std::result::Result<Action, Vec<Record>>> {
         let Some(store) = &self.store else {
             return Ok(Err(Vec::new()));
         };
-        with_page_buf(self.page_size, |buf| {
+        // The merged leaf, or the records to fall back with.
+        let merge = |buf: &mut PageBuf| -> Result<Option<Vec<Record>>> {
             self.read_page(disk, buf)?;
             self.check_leaf(disk, buf)?;
             let merged = NodeMut::from_bytes(buf).merge_from(mini);
             // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
             // by the general path.
             if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
-                return Ok(Err(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
+                return Ok(Some(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
             }
             self.counters.write_backs.fetch_add(1, Ordering::Relaxed);
+            Ok(None)
+        };
+        if let Some(batch) = batch {
+            let buf = batch.next_buf(self.page_size);
+            if let Some(records) = merge(buf)? {
+                return Ok(Err(records));
+            }
+            let new = store.allocate()?;
+            NodeMut::from_bytes(buf).set_disk_page(Some(new));
+            batch.push(new);
+            return Ok(Ok(Action::Staged {
+                old: Some(disk),
+                new,
+            }));
+        }
+        with_page_buf(self.page_size, |buf| {
+            if let Some(records) = merge(buf)? {
+                return Ok(Err(records));
+            }
             let new_page = self.write_new_page(store, buf)?;
             Ok(Ok(self.moved(pid, Some(disk), new_page, after)))
         })
@@ -384,26 +440,6 @@ impl Shared {
     pub(crate) fn drain_orphans(&self) {
         for pid in self.pages.take_orphans() {
             self.pool.write(pid).remove();
-        }
-    }
-}
-
-/// After a checkpoint wrote the leaf to `disk`, the cached node matches disk: mark it clean.
-fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
-    let Some(bytes) = page.mini_mut() else { return };
-    let mut node = NodeMut::from_bytes(bytes);
-    node.set_disk_page(Some(disk));
-    if node.as_ref().kind() == NodeKind::Leaf {
-        let flags = node.as_ref().flags();
-        node.set_flags(flags & !FLAG_DIRTY);
-        return;
-    }
-    // A mini-page: its dirty records are now in the leaf; keep them as cached answers.
-    for i in 0..node.as_ref().len() {
-        match node.as_ref().record_kind(i) {
-            RecordKind::Insert | RecordKind::Upsert => node.set_record_kind(i, RecordKind::Cache),
-            RecordKind::Tombstone => node.set_record_kind(i, RecordKind::Phantom),
-            RecordKind::Cache | RecordKind::Phantom => {}
         }
     }
 }

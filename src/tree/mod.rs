@@ -20,6 +20,7 @@ mod background;
 mod census;
 #[cfg(any(test, feature = "internals"))]
 mod check;
+mod checkpoint;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod crash;
 mod evict;

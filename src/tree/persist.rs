@@ -22,10 +22,10 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path as FsPath, PathBuf};
 
-use super::{inner, Restart, Shared};
+use super::{inner, Shared};
 use crate::config::{Config, IoBackend};
 use crate::error::{Error, Result};
-use crate::pool::{BufferPool, Location, PageId};
+use crate::pool::{BufferPool, PageId};
 use crate::store::{checksum, Backend, FileStore, PageStore, FIRST_DATA_PAGE};
 use crate::sync::{Arc, Mutex};
 use crate::wal::vfs::{self, LogFs, StdFs};
@@ -374,35 +374,14 @@ impl Shared {
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
-        for (pid, location) in self.pool.page_entries() {
-            if matches!(location, Location::Mini(_)) {
-                let mut page = self.pool.write(pid);
-                self.checkpoint_leaf(&mut page, None)?.ok();
-            }
-        }
+        self.checkpoint_pass(None)?;
         let snapshot = {
             // Second pass, holding the structure lock so the set of leaves stays fixed: only
             // what was dirtied meanwhile is left to write, so writers that need a split wait
             // briefly. Leaf locks are taken while holding it: safe, because leaf-lock holders
             // only ever try the structure lock.
             let smo = self.lock_smo();
-            for (pid, location) in self.pool.page_entries() {
-                if !matches!(location, Location::Mini(_)) {
-                    continue;
-                }
-                let mut page = self.pool.write(pid);
-                match self.checkpoint_leaf(&mut page, Some(&smo))? {
-                    Ok(()) => {}
-                    // Write-back under the structure lock allocates no memory and never waits.
-                    Err(Restart::NeedSpace) | Err(Restart::Retry) => {
-                        return Err(Error::corruption(
-                            &self.data_path,
-                            None,
-                            "checkpoint could not write a leaf",
-                        ));
-                    }
-                }
-            }
+            self.checkpoint_pass(Some(&smo))?;
             let leaves = self.leaf_list();
             let mut t = self.pages.inner.lock();
             let mut snapshot = Vec::with_capacity(leaves.len());
