@@ -452,6 +452,54 @@ fn falls_back_to_buffered_io_where_o_direct_is_refused() {
     assert_payload(&buf, 1);
 }
 
+/// The data file is extended ahead of the pages written (so new pages are written inside
+/// it), the store's page count, not the file's length, says which pages exist, and a
+/// reopened store neither hands out nor reads the preallocated tail as data.
+#[test]
+fn the_file_grows_ahead_of_the_pages_in_use() {
+    for backend in [Backend::Pread, Backend::IoUring] {
+        if backend == Backend::IoUring && !cfg!(target_os = "linux") {
+            continue;
+        }
+        let h = Files::new(backend);
+        let s = h.make();
+        let mut written = Vec::new();
+        for i in 0..300u64 {
+            let p = s.allocate().unwrap();
+            s.write(p, &mut pattern(i)).unwrap();
+            written.push((p, i));
+        }
+        s.sync().unwrap();
+        let len = std::fs::metadata(s.path()).unwrap().len();
+        let pages = s.stats().file_pages;
+        assert!(
+            len >= pages * P as u64,
+            "{backend:?}: file shorter than its pages"
+        );
+        assert_eq!(
+            len % super::file::GROW_MIN,
+            0,
+            "{backend:?}: grown in chunks"
+        );
+        assert!(len > pages * P as u64, "{backend:?}: nothing preallocated");
+        let s = h.reopen(s).unwrap().unwrap();
+        assert_eq!(
+            s.stats().file_pages,
+            pages,
+            "{backend:?}: page count from superblock"
+        );
+        let mut buf = PageBuf::new(P);
+        for &(p, i) in &written {
+            s.read(p, &mut buf).unwrap();
+            assert_payload(&buf, i);
+        }
+        // A page of the preallocated tail was never written: corrupt, not data.
+        assert_corrupt(s.read(pages, &mut buf), pages);
+        // New pages continue after the page count, not after the file's end.
+        assert_eq!(s.allocate().unwrap(), pages);
+    }
+}
+
 #[test]
 fn fault_nth_write_and_sync_fail_once_with_eio() {
     let s = FaultStore::new(P);
