@@ -3,6 +3,8 @@
 //! checkpoint of a large dirty cache, and recovery time for 1M logged operations.
 //!
 //! Run: `cargo run --release --example durability -- [sync|ycsb [threads]|pause|recovery|all]`.
+//! With `BFKV_ROUNDS=1`, `ycsb` also prints each round's ratio and how many checkpoints have
+//! finished by then (a round a checkpoint runs in is slower for `Buffered`).
 //! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
 
 use std::path::{Path, PathBuf};
@@ -131,7 +133,8 @@ fn ycsb_a_burst(tree: &Tree, records: u64, ops: u64, threads: usize, seed: u64) 
 fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
     let none = loaded_tree(Durability::None, records);
     let buffered = loaded_tree(Durability::Buffered, records);
-    let syncs_before = buffered.stats().log_syncs;
+    let before = buffered.stats();
+    let per_round = std::env::var_os("BFKV_ROUNDS").is_some();
     let (mut rn, mut rb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let (mut cn, mut cb) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -146,6 +149,14 @@ fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
         rn.push(n.0);
         rb.push(b.0);
         ratios.push(b.0 / n.0);
+        if per_round {
+            // The checkpoint count moves when one finishes; the rounds it ran in come before.
+            println!(
+                "round {round}: buffered/none {:.3}, checkpoints so far {}",
+                b.0 / n.0,
+                buffered.stats().checkpoints - before.checkpoints
+            );
+        }
         cn.push(n.1);
         cb.push(b.1);
     }
@@ -153,17 +164,20 @@ fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let syncs = buffered.stats().log_syncs - syncs_before;
+    let after = buffered.stats();
+    let syncs = after.log_syncs - before.log_syncs;
     let (cn, cb) = (median(&mut cn), median(&mut cb));
     println!(
         "ycsb-a records={records} threads={threads} rounds={rounds} ops/round={ops}: \
          none {:.0} ops/s, buffered {:.0} ops/s (median), buffered/none per-round median {:.3}; \
          CPU per op none {cn:.0} ns, buffered {cb:.0} ns, none/buffered {:.3} \
-         (log syncs during the rounds: {syncs})",
+         (during the rounds: {syncs} log syncs, {} checkpoints writing {} pages)",
         median(&mut rn),
         median(&mut rb),
         median(&mut ratios),
-        cn / cb
+        cn / cb,
+        after.checkpoints - before.checkpoints,
+        after.pages_written - before.pages_written,
     );
     none.close().expect("close");
     buffered.close().expect("close");
