@@ -158,8 +158,14 @@ impl FileDisk {
             return;
         }
         let target = end.max(now + now / 8).next_multiple_of(GROW_MIN);
-        if self.preallocate(now, target - now).is_ok() {
-            self.backed.store(target, Ordering::Release);
+        match self.preallocate(now, target - now) {
+            Ok(()) => self.backed.store(target, Ordering::Release),
+            // Never supported here: stop asking.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.backed.store(u64::MAX, Ordering::Release);
+            }
+            // Out of space, say: the write itself reports it, and the next one asks again.
+            Err(_) => {}
         }
     }
 

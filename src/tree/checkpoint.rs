@@ -191,3 +191,106 @@ fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
         }
     }
 }
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::pool::Location;
+    use crate::{Config, Durability, Tree};
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("k{i:06}").into_bytes()
+    }
+
+    fn value(i: u32, round: u8) -> Vec<u8> {
+        vec![round ^ (i as u8); 100]
+    }
+
+    /// A pass that finds the next leaf locked by someone else writes out the leaves it has
+    /// staged (and so unlocks them) before it waits: the other thread can take the leaf
+    /// staged just before while the pass is stuck on its leaf. Were the pass to wait while
+    /// holding them, two threads each holding a leaf and wanting the other's would deadlock.
+    #[test]
+    fn a_pass_writes_out_its_batch_before_waiting_for_a_busy_leaf() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config::new(dir.path())
+            .cache_size(64 << 20)
+            .durability(Durability::Buffered);
+        let tree = Tree::open(config.clone()).expect("open");
+        let n = 20_000;
+        for i in 0..n {
+            tree.insert(key(i), value(i, 1)).expect("insert");
+        }
+        let minis: Vec<_> = tree
+            .shared
+            .pool
+            .page_entries()
+            .into_iter()
+            .filter(|(_, loc)| matches!(loc, Location::Mini(_)))
+            .map(|(pid, _)| pid)
+            .collect();
+        assert!(
+            minis.len() > 4 * super::BATCH,
+            "only {} leaves",
+            minis.len()
+        );
+        // Mid-batch: the leaf before the busy one is staged in a batch that is not full.
+        let mut at = minis.len() / 2;
+        if at % super::BATCH == 0 {
+            at += 1;
+        }
+        let (busy, before) = (minis[at], minis[at - 1]);
+        let checkpoints = tree.stats().checkpoints;
+        std::thread::scope(|s| {
+            let pool = &tree.shared.pool;
+            let (tx, rx) = std::sync::mpsc::channel();
+            let helper = s.spawn(move || {
+                // A read lock: the pass lists the leaves under read locks, which this one
+                // lets through, but cannot write the leaf back until it is gone.
+                let held = pool.read(busy);
+                tx.send(()).expect("send");
+                // Give the pass time to reach the busy leaf, then take the one before it.
+                std::thread::sleep(Duration::from_millis(200));
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let got = loop {
+                    if let Some(g) = pool.try_write(before) {
+                        break Some(g);
+                    }
+                    if Instant::now() > deadline {
+                        break None;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                };
+                let took_it = got.is_some();
+                drop(got);
+                drop(held);
+                took_it
+            });
+            rx.recv().expect("helper holds the leaf");
+            tree.checkpoint().expect("checkpoint");
+            assert!(
+                helper.join().expect("helper"),
+                "the pass kept the leaf before the busy one locked while it waited"
+            );
+        });
+        assert_eq!(tree.stats().checkpoints, checkpoints + 1);
+        if let Err(e) = tree.shared.check_structure() {
+            panic!("{e}");
+        }
+        // Everything the checkpoint wrote reads back after a reopen.
+        for i in (0..n).step_by(3) {
+            tree.insert(key(i), value(i, 2)).expect("update");
+        }
+        tree.close().expect("close");
+        let tree = Tree::open(config).expect("reopen");
+        for i in 0..n {
+            let round = if i % 3 == 0 { 2 } else { 1 };
+            assert_eq!(
+                tree.get(key(i)).expect("get"),
+                Some(value(i, round)),
+                "key {i}"
+            );
+        }
+    }
+}

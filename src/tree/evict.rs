@@ -33,8 +33,8 @@ pub(super) enum Action {
     /// Nothing changed on disk; keep the block as it is.
     Nothing,
     /// The leaf is built in a page batch, bound for page `new`, and not written yet; once
-    /// the batch is written, the lock holder records the move (`Shared::finish_staged`).
-    /// Only a write-back given a batch returns this.
+    /// the batch is written, the lock holder records the move (`Shared::write_staged` in
+    /// `checkpoint.rs`). Only a write-back given a batch returns this.
     Staged {
         /// The page the leaf lived in before.
         old: Option<u64>,
@@ -99,7 +99,8 @@ impl Shared {
     /// Writes a write-locked leaf's buffered changes to disk. A leaf that comes out empty is
     /// removed from the tree; one that overflows a page is split. `smo` is the structure lock
     /// if the caller holds it (checkpoints); otherwise it is tried, and `Retry` returned when
-    /// busy.
+    /// busy. With a `batch`, a leaf that fits one new page is built into the batch instead
+    /// of written (`Action::Staged`); splits and removals are still done at once.
     pub(super) fn write_back(
         &self,
         pid: PageId,
