@@ -7,6 +7,10 @@
 //! 333-413 ms, about 120 µs a page: every write was a separate request to the device, and
 //! the leaf stayed locked for all of it.
 //!
+//! A mini-page that is not a full-page mirror is merged into its leaf read from disk, so
+//! before such a leaf the pass writes out what it has staged: no leaf stays locked through
+//! another leaf's read.
+//!
 //! Holding several leaf locks is deadlock-free because the pass never waits for a leaf
 //! lock while it holds one: with leaves staged, it only tries the next lock, and when that
 //! fails it writes out what it holds first. Everything else it does while holding them
@@ -16,7 +20,7 @@
 use super::evict::{Action, PageBatch};
 use super::{Attempt, Restart, Shared, FLAG_DIRTY};
 use crate::error::{Error, Result};
-use crate::node::{NodeKind, NodeMut, RecordKind};
+use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};
 use crate::pool::{Location, WriteGuard};
 use crate::sync::MutexGuard;
 
@@ -72,6 +76,11 @@ impl Shared {
                 self.write_staged(staged, batch)?;
                 self.pool.write(pid)
             };
+            if !staged.is_empty() && needs_read(&page) {
+                // A mini-page is merged into its leaf read from disk: the leaves staged so
+                // far would stay locked through that read too. Write them out first.
+                self.write_staged(staged, batch)?;
+            }
             match self.checkpoint_leaf(&mut page, smo, batch)? {
                 Ok(Some((old, new))) => staged.push(Staged { page, old, new }),
                 Ok(None) => {}
@@ -170,6 +179,15 @@ impl Shared {
         batch.pages.clear();
         staged.clear();
     }
+}
+
+/// Whether writing back this leaf's node reads its page from disk first: a mini-page (not a
+/// full-page mirror) whose leaf has a page.
+fn needs_read(page: &WriteGuard<'_>) -> bool {
+    page.mini().is_some_and(|bytes| {
+        let node = NodeRef::from_bytes(bytes);
+        node.kind() != NodeKind::Leaf && node.disk_page().is_some()
+    })
 }
 
 /// After a checkpoint wrote the leaf to `disk`, the cached node matches disk: mark it clean.
