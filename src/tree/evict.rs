@@ -55,7 +55,7 @@ pub(super) struct PageBatch {
 }
 
 impl PageBatch {
-    /// The buffer the next leaf is built in: still free until `push` claims it.
+    /// The buffer the next leaf is built in: still free until `stage` claims it.
     fn next_buf(&mut self, page_size: usize) -> &mut PageBuf {
         let i = self.pages.len();
         if self.bufs.len() == i {
@@ -64,9 +64,14 @@ impl PageBatch {
         &mut self.bufs[i]
     }
 
-    /// Claims the buffer `next_buf` returned for a leaf bound for `page`.
-    fn push(&mut self, page: u64) {
-        self.pages.push(page);
+    /// Claims the buffer `next_buf` returned, now holding the leaf that lived in page `old`:
+    /// allocates the leaf's new page and stamps it into the leaf.
+    fn stage(&mut self, store: &dyn PageStore, old: Option<u64>) -> Result<Action> {
+        let new = store.allocate()?;
+        let i = self.pages.len();
+        NodeMut::from_bytes(&mut self.bufs[i]).set_disk_page(Some(new));
+        self.pages.push(new);
+        Ok(Action::Staged { old, new })
     }
 }
 
@@ -196,10 +201,7 @@ impl Shared {
         if let Some(batch) = batch {
             let buf = batch.next_buf(self.page_size);
             self.build_leaf(buf, low, high, &records)?;
-            let new = store.allocate()?;
-            NodeMut::from_bytes(buf).set_disk_page(Some(new));
-            batch.push(new);
-            return Ok(Ok(Action::Staged { old: disk, new }));
+            return Ok(Ok(batch.stage(&**store, disk)?));
         }
         let new_page = with_page_buf(self.page_size, |buf| -> Result<u64> {
             self.build_leaf(buf, low, high, &records)?;
@@ -287,13 +289,7 @@ impl Shared {
             if let Some(records) = merge(buf)? {
                 return Ok(Err(records));
             }
-            let new = store.allocate()?;
-            NodeMut::from_bytes(buf).set_disk_page(Some(new));
-            batch.push(new);
-            return Ok(Ok(Action::Staged {
-                old: Some(disk),
-                new,
-            }));
+            return Ok(Ok(batch.stage(&**store, Some(disk))?));
         }
         with_page_buf(self.page_size, |buf| {
             if let Some(records) = merge(buf)? {
