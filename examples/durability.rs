@@ -4,7 +4,9 @@
 //!
 //! Run: `cargo run --release --example durability -- [sync|ycsb [threads]|pause|recovery|all]`.
 //! With `BFKV_ROUNDS=1`, `ycsb` also prints each round's ratio and how many checkpoints have
-//! finished by then (a round a checkpoint runs in is slower for `Buffered`).
+//! finished by then (a round a checkpoint runs in is slower for `Buffered`); with
+//! `BFKV_CHECKPOINT_MB=N`, automatic checkpoints come every N MiB of log instead of the
+//! default 128 (24 puts one in most rounds).
 //! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
 
 use std::path::{Path, PathBuf};
@@ -56,16 +58,28 @@ fn sync_inserts(threads: u64, ops: u64) {
     tree.close().expect("close");
 }
 
+/// `BFKV_CHECKPOINT_MB`: the log size between automatic checkpoints in mebibytes, instead
+/// of the default (smaller puts a checkpoint in most rounds, to measure what one costs).
+fn checkpoint_log_bytes() -> Option<u64> {
+    let mb = std::env::var("BFKV_CHECKPOINT_MB").ok()?;
+    Some(
+        mb.parse::<u64>()
+            .expect("BFKV_CHECKPOINT_MB: a number of MiB")
+            << 20,
+    )
+}
+
 /// Opens a tree for the YCSB-A comparison with `records` 16-byte records loaded into a cache
 /// that holds them all.
 fn loaded_tree(durability: Durability, records: u64) -> Tree {
     let dir = bench_dir(&format!("ycsb-{durability:?}"));
-    let tree = Tree::open(
-        Config::new(&dir)
-            .cache_size(256 << 20)
-            .durability(durability),
-    )
-    .expect("open");
+    let mut config = Config::new(&dir)
+        .cache_size(256 << 20)
+        .durability(durability);
+    if let Some(bytes) = checkpoint_log_bytes() {
+        config = config.checkpoint_log_bytes(bytes);
+    }
+    let tree = Tree::open(config).expect("open");
     for i in 0..records {
         tree.insert(key(i), value(i, 0, 16)).expect("load");
     }

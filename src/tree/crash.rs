@@ -24,7 +24,7 @@ use crate::wal::vfs::LogFs;
 use crate::Durability;
 
 /// The tree's directory on the emulated file system.
-const DIR: &str = "/powercut";
+pub(super) const DIR: &str = "/powercut";
 
 /// One operation of a scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,10 +119,15 @@ fn config() -> Config {
 
 /// Opens a tree over the given store and file system (no directory lock: nothing on disk).
 fn open(store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
+    open_with(config(), store, fs)
+}
+
+/// `open` with another configuration (its directory is ignored).
+pub(super) fn open_with(config: Config, store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
     let store: Arc<dyn PageStore> = store;
     let fs: Arc<dyn LogFs> = fs;
     let shared = std::sync::Arc::new(persist::open_on(
-        config(),
+        config,
         Path::new(DIR),
         store,
         PathBuf::from(format!("{DIR}/data")),
@@ -136,7 +141,7 @@ fn open(store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
 }
 
 /// Fresh disks that lose power together.
-fn disks() -> (Arc<FaultStore>, Arc<MemFs>) {
+pub(super) fn disks() -> (Arc<FaultStore>, Arc<MemFs>) {
     let store = Arc::new(FaultStore::new(4096));
     let fs = Arc::new(MemFs::new());
     fs.link(store.clone());

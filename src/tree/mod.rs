@@ -539,6 +539,7 @@ impl Shared {
         };
         self.root.replace(new_root, &guard);
         self.smo_version.fetch_add(1, Ordering::AcqRel);
+        self.pages.restructured(pid);
         true
     }
 

@@ -48,6 +48,16 @@ pub(crate) struct PageTracker {
 struct Tracked {
     /// The newest written page of each leaf.
     leaf_pages: HashMap<PageId, u64>,
+    /// For each leaf id, the `changes` count when it was last written, split or removed
+    /// (`write_token`). Kept for removed ids, which are reused.
+    epochs: HashMap<PageId, u64>,
+    /// Leaf writes, splits and removals so far.
+    changes: u64,
+    /// Leaves whose page was written since the running checkpoint took its LSN, with the
+    /// bounds they have now: that page holds every write the checkpoint must cover, so its
+    /// second pass need not write them again. Emptied when a checkpoint starts; a leaf
+    /// leaves it when its bounds change.
+    fresh: HashSet<PageId>,
     /// Pages the last durable checkpoint references.
     checkpointed: HashSet<u64>,
     /// Pages the checkpoint being written references.
@@ -56,6 +66,15 @@ struct Tracked {
     deferred: Vec<u64>,
     /// Page ids of leaves unlinked from the tree whose entries are still to be freed.
     orphans: Vec<PageId>,
+}
+
+impl Tracked {
+    /// Records that leaf `pid` was written, split or removed.
+    fn changed(&mut self, pid: PageId) {
+        self.changes += 1;
+        let now = self.changes;
+        self.epochs.insert(pid, now);
+    }
 }
 
 impl PageTracker {
@@ -71,12 +90,48 @@ impl PageTracker {
 
     /// Leaf `pid` now lives in `page`.
     pub(crate) fn written(&self, pid: PageId, page: u64) {
-        self.inner.lock().leaf_pages.insert(pid, page);
+        let mut t = self.inner.lock();
+        t.leaf_pages.insert(pid, page);
+        t.changed(pid);
+        t.fresh.insert(pid);
+    }
+
+    /// A checkpoint took its LSN: pages written before now may lack writes it must cover.
+    pub(crate) fn start_checkpoint(&self) {
+        self.inner.lock().fresh.clear();
+    }
+
+    /// Leaf `pid`'s bounds changed (split, or replaced): its page, built with the old bounds,
+    /// no longer suits a checkpoint.
+    pub(crate) fn restructured(&self, pid: PageId) {
+        let mut t = self.inner.lock();
+        t.changed(pid);
+        t.fresh.remove(&pid);
+    }
+
+    /// Whether leaf `pid`'s page was written since the running checkpoint took its LSN, with
+    /// the bounds it has now.
+    pub(crate) fn is_fresh(&self, pid: PageId) -> bool {
+        self.inner.lock().fresh.contains(&pid)
+    }
+
+    /// Leaf `pid`'s page and a count that changes whenever the leaf is written, split or
+    /// removed (a page number alone can come back: superseded pages are reused). Whoever
+    /// changes it holds the leaf's lock, so it is stable under that lock.
+    pub(crate) fn write_token(&self, pid: PageId) -> (Option<u64>, u64) {
+        let t = self.inner.lock();
+        (
+            t.leaf_pages.get(&pid).copied(),
+            t.epochs.get(&pid).copied().unwrap_or(0),
+        )
     }
 
     /// Leaf `pid` is gone.
     pub(crate) fn forget_leaf(&self, pid: PageId) {
-        self.inner.lock().leaf_pages.remove(&pid);
+        let mut t = self.inner.lock();
+        t.leaf_pages.remove(&pid);
+        t.changed(pid);
+        t.fresh.remove(&pid);
     }
 
     /// `page` no longer holds a current leaf: free it now, or after the next checkpoint if a
@@ -363,6 +418,11 @@ fn write_atomically(fs: &dyn LogFs, dir: &FsPath, path: &FsPath, bytes: &[u8]) -
 impl Shared {
     /// Writes every buffered leaf and a new checkpoint file (see the module docs).
     pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.checkpoint_between(|| {})
+    }
+
+    /// `checkpoint`, running `between` after the first pass (tests write there).
+    pub(super) fn checkpoint_between(&self, between: impl FnOnce()) -> Result<()> {
         let (Some(store), Some(dir), Some(wal)) = (&self.store, &self.config.dir, &self.wal) else {
             return Ok(());
         };
@@ -371,13 +431,16 @@ impl Shared {
         // Every write below this LSN was applied before it was logged, so the leaves written
         // below hold it; replay after a crash starts here.
         let lsn = wal.next_lsn();
+        self.pages.start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
         self.checkpoint_pass(None)?;
+        between();
         let snapshot = {
             // Second pass, holding the structure lock so the set of leaves stays fixed: only
-            // what was dirtied meanwhile is left to write, so writers that need a split wait
+            // leaves not written since the LSN was taken (dirtied before it and skipped, or
+            // split meanwhile) are left to write, so writers that need a split wait
             // briefly. Leaf locks are taken while holding it: safe, because leaf-lock holders
             // only ever try the structure lock.
             let smo = self.lock_smo();
