@@ -48,6 +48,9 @@ struct DiskState {
     powered_off: bool,
     /// Pending bit flips: page number → bit index.
     flips: HashMap<PageNo, usize>,
+    /// How long each call that writes pages takes before they land (tests that race
+    /// other threads against a write in flight).
+    write_delay: std::time::Duration,
 }
 
 /// An emulated disk of `page_size`-byte pages.
@@ -140,6 +143,10 @@ impl Disk for Arc<FaultDisk> {
     }
 
     fn write_pages(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()> {
+        let delay = self.state.lock().write_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut state = self.state.lock();
         for (&page, buf) in pages.iter().zip(bufs) {
             let offset = FaultDisk::offset(page, buf.len())?;
@@ -238,6 +245,13 @@ impl FaultStore {
     pub(crate) fn power_cut_at_write(&self, n: u64, torn: bool) {
         let mut state = self.disk.state.lock();
         state.cut_at = Some((state.writes + n.max(1), torn));
+    }
+
+    /// Every later call that writes pages sleeps `delay` first (without holding the disk),
+    /// as a device would keep them in flight.
+    #[cfg(all(test, not(feature = "shuttle")))]
+    pub(crate) fn slow_writes(&self, delay: std::time::Duration) {
+        self.disk.state.lock().write_delay = delay;
     }
 
     /// Whether a power cut has happened.
