@@ -386,10 +386,10 @@ mod tests {
         (header, bytes)
     }
 
-    fn read_all(
-        header: &SegmentHeader,
-        bytes: &[u8],
-    ) -> (Scan, Vec<(Lsn, Vec<u8>, Option<Vec<u8>>)>) {
+    /// A decoded record: its LSN, key, and value (`None`: a removal).
+    type Seen = (Lsn, Vec<u8>, Option<Vec<u8>>);
+
+    fn read_all(header: &SegmentHeader, bytes: &[u8]) -> (Scan, Vec<Seen>) {
         let mut r = &bytes[HEADER_SIZE as usize..];
         let mut seen = Vec::new();
         let scan = scan_records(&mut r, header, Path::new("seg"), |lsn, op| {
