@@ -109,25 +109,23 @@ fn a_pass_waiting_for_a_busy_leaf_holds_no_other_leaf() {
 /// A tree on crash-image disks (`crash.rs`) whose cache holds every leaf, with no
 /// evictor threads.
 fn tree_on(store: &Arc<crate::store::FaultStore>, fs: &Arc<crate::wal::memfs::MemFs>) -> Tree {
-    let config = Config::new(crash::DIR)
+    crash::open_with(config(), store.clone(), fs.clone()).expect("open")
+}
+
+/// `Sync` writes, a 4 MiB cache, evictions only in the writers.
+fn config() -> Config {
+    Config::new(crash::DIR)
         .cache_size(4 << 20)
         .durability(Durability::Sync)
         // `MemFs` copies a segment's bytes on every sync: keep them small.
         .log_segment_size(64 << 10)
-        .evictor_threads(0);
-    crash::open_with(config, store.clone(), fs.clone()).expect("open")
+        .evictor_threads(0)
 }
 
 /// Reopens from the disks' crash images.
 fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) -> Tree {
-    let config = Config::new(crash::DIR)
-        .cache_size(4 << 20)
-        .durability(Durability::Sync)
-        // `MemFs` copies a segment's bytes on every sync: keep them small.
-        .log_segment_size(64 << 10)
-        .evictor_threads(0);
     let tree = crash::open_with(
-        config,
+        config(),
         Arc::new(store.crash_image()),
         Arc::new(fs.crash_image()),
     )
@@ -415,10 +413,7 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
         let cut = cut.map(|percent| calls * percent / 100);
         let what = format!("power cut at log call {cut:?}");
         let (store, fs) = crash::disks();
-        let config = Config::new(crash::DIR)
-            .cache_size(256 << 10)
-            .durability(Durability::Sync)
-            .log_segment_size(64 << 10);
+        let config = config().cache_size(256 << 10);
         let tree = crash::open_with(config, store.clone(), fs.clone()).expect("open");
         // Writes stay in flight long enough for writers to change the leaves a checkpoint
         // has staged.
