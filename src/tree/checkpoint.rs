@@ -40,7 +40,7 @@ struct Staged {
     /// The page the batch writes it to.
     new: u64,
     /// The tracker's write token of the leaf when it was built.
-    token: (Option<u64>, u64),
+    token: u64,
     /// The cached node the image was built from.
     node: Vec<u8>,
 }

@@ -163,7 +163,7 @@ fn stage(tree: &Tree, pid: PageId, batch: &mut PageBatch) -> Staged {
 
 /// The leaf's page as the tracker has it.
 fn tracked_page(tree: &Tree, pid: PageId) -> Option<u64> {
-    tree.shared.pages.write_token(pid).0
+    tree.shared.pages.leaf_page(pid)
 }
 
 /// A staged leaf is unlocked while its batch is written. Afterwards: one nobody touched

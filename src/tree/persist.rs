@@ -48,16 +48,13 @@ pub(crate) struct PageTracker {
 struct Tracked {
     /// The newest written page of each leaf.
     leaf_pages: HashMap<PageId, u64>,
-    /// For each leaf id, the `changes` count when it was last written, split or removed
-    /// (`write_token`). Kept for removed ids, which are reused.
-    epochs: HashMap<PageId, u64>,
+    /// For each leaf id, its last change: the `changes` count then, and whether it was a
+    /// write of its page (not a split or a removal). Kept for removed ids, which are reused.
+    last_change: HashMap<PageId, (u64, bool)>,
     /// Leaf writes, splits and removals so far.
     changes: u64,
-    /// Leaves whose page was written since the running checkpoint took its LSN, with the
-    /// bounds they have now: that page holds every write the checkpoint must cover, so its
-    /// second pass need not write them again. Emptied when a checkpoint starts; a leaf
-    /// leaves it when its bounds change.
-    fresh: HashSet<PageId>,
+    /// `changes` when the running (or last) checkpoint took its LSN.
+    checkpoint_started: u64,
     /// Pages the last durable checkpoint references.
     checkpointed: HashSet<u64>,
     /// Pages the checkpoint being written references.
@@ -69,11 +66,11 @@ struct Tracked {
 }
 
 impl Tracked {
-    /// Records that leaf `pid` was written, split or removed.
-    fn changed(&mut self, pid: PageId) {
+    /// Records that leaf `pid` was written (`write`) or split or removed.
+    fn changed(&mut self, pid: PageId, write: bool) {
         self.changes += 1;
         let now = self.changes;
-        self.epochs.insert(pid, now);
+        self.last_change.insert(pid, (now, write));
     }
 }
 
@@ -92,46 +89,51 @@ impl PageTracker {
     pub(crate) fn written(&self, pid: PageId, page: u64) {
         let mut t = self.inner.lock();
         t.leaf_pages.insert(pid, page);
-        t.changed(pid);
-        t.fresh.insert(pid);
+        t.changed(pid, true);
     }
 
     /// A checkpoint took its LSN: pages written before now may lack writes it must cover.
     pub(crate) fn start_checkpoint(&self) {
-        self.inner.lock().fresh.clear();
+        let mut t = self.inner.lock();
+        t.checkpoint_started = t.changes;
     }
 
     /// Leaf `pid`'s bounds changed (split, or replaced): its page, built with the old bounds,
     /// no longer suits a checkpoint.
     pub(crate) fn restructured(&self, pid: PageId) {
-        let mut t = self.inner.lock();
-        t.changed(pid);
-        t.fresh.remove(&pid);
+        self.inner.lock().changed(pid, false);
     }
 
     /// Whether leaf `pid`'s page was written since the running checkpoint took its LSN, with
-    /// the bounds it has now.
+    /// the bounds it has now (nothing split or removed it since): that page holds every
+    /// write the checkpoint must cover.
     pub(crate) fn is_fresh(&self, pid: PageId) -> bool {
-        self.inner.lock().fresh.contains(&pid)
+        let t = self.inner.lock();
+        matches!(t.last_change.get(&pid), Some(&(at, true)) if at > t.checkpoint_started)
     }
 
-    /// Leaf `pid`'s page and a count that changes whenever the leaf is written, split or
-    /// removed (a page number alone can come back: superseded pages are reused). Whoever
-    /// changes it holds the leaf's lock, so it is stable under that lock.
-    pub(crate) fn write_token(&self, pid: PageId) -> (Option<u64>, u64) {
-        let t = self.inner.lock();
-        (
-            t.leaf_pages.get(&pid).copied(),
-            t.epochs.get(&pid).copied().unwrap_or(0),
-        )
+    /// A count that changes whenever leaf `pid` is written, split or removed (a page number
+    /// alone can come back: superseded pages are reused). Whoever changes it holds the
+    /// leaf's lock, so it is stable under that lock.
+    pub(crate) fn write_token(&self, pid: PageId) -> u64 {
+        self.inner
+            .lock()
+            .last_change
+            .get(&pid)
+            .map_or(0, |&(at, _)| at)
+    }
+
+    /// The newest written page of leaf `pid`.
+    #[cfg(all(test, not(feature = "shuttle")))]
+    pub(crate) fn leaf_page(&self, pid: PageId) -> Option<u64> {
+        self.inner.lock().leaf_pages.get(&pid).copied()
     }
 
     /// Leaf `pid` is gone.
     pub(crate) fn forget_leaf(&self, pid: PageId) {
         let mut t = self.inner.lock();
         t.leaf_pages.remove(&pid);
-        t.changed(pid);
-        t.fresh.remove(&pid);
+        t.changed(pid, false);
     }
 
     /// `page` no longer holds a current leaf: free it now, or after the next checkpoint if a
