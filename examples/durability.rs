@@ -185,13 +185,14 @@ fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
         "ycsb-a records={records} threads={threads} rounds={rounds} ops/round={ops}: \
          none {:.0} ops/s, buffered {:.0} ops/s (median), buffered/none per-round median {:.3}; \
          CPU per op none {cn:.0} ns, buffered {cb:.0} ns, none/buffered {:.3} \
-         (during the rounds: {syncs} log syncs, {} checkpoints writing {} pages)",
+         (during the rounds: {syncs} log syncs, {} checkpoints writing {} pages, {} pages read)",
         median(&mut rn),
         median(&mut rb),
         median(&mut ratios),
         cn / cb,
         after.checkpoints - before.checkpoints,
         after.pages_written - before.pages_written,
+        after.pages_read - before.pages_read,
     );
     none.close().expect("close");
     buffered.close().expect("close");

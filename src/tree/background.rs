@@ -19,7 +19,7 @@ use super::Shared;
 use crate::sync::{AtomicBool, Ordering};
 
 /// How long an idle evictor sleeps before checking the buffer again.
-const POLL: Duration = Duration::from_millis(1);
+const POLL: Duration = Duration::from_millis(50);
 /// How long the idle checkpointer sleeps before checking the log again.
 const CHECKPOINT_POLL: Duration = Duration::from_millis(50);
 /// After an eviction error (e.g. a full disk) wait this long before trying again; the writer
@@ -27,7 +27,7 @@ const CHECKPOINT_POLL: Duration = Duration::from_millis(50);
 const BACKOFF_ON_ERROR: Duration = Duration::from_millis(20);
 
 /// A stop flag and a doorbell, shared between the tree and one kind of background thread.
-struct Control {
+pub(crate) struct Control {
     stop: AtomicBool,
     /// Rung and not yet answered: set by the first `ring`, cleared when a thread wakes.
     rung: AtomicBool,
@@ -36,7 +36,7 @@ struct Control {
 }
 
 impl Control {
-    fn new() -> Arc<Control> {
+    pub(crate) fn new() -> Arc<Control> {
         Arc::new(Control {
             stop: AtomicBool::new(false),
             rung: AtomicBool::new(false),
@@ -49,10 +49,10 @@ impl Control {
         self.stop.load(Ordering::Acquire)
     }
 
-    /// Wakes the threads. Writers ring after every write while the buffer is short of room;
-    /// a ring not answered yet needs no other (the thread it wakes looks at the buffer
-    /// itself), and skipping it saves the mutex, which two writers would pass back and forth,
-    /// and the `futex` wake, a system call even with nobody waiting.
+    /// Wakes the threads. Every operation that may have taken buffer room rings while the
+    /// buffer is short of it; a ring not answered yet needs no other (the thread it wakes
+    /// looks at the buffer itself), and skipping it saves the mutex, which two threads would
+    /// pass back and forth, and the `futex` wake, a system call even with nobody waiting.
     fn ring(&self) {
         if self.rung.load(Ordering::Relaxed) || self.rung.swap(true, Ordering::AcqRel) {
             return;
@@ -78,7 +78,6 @@ impl Control {
 pub(crate) struct Background {
     evict: Arc<Control>,
     checkpoint: Arc<Control>,
-    evictors: usize,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -92,13 +91,27 @@ impl Shared {
     pub(crate) fn short_of_room(&self) -> bool {
         self.pool.ring_free() < self.low_water()
     }
+
+    /// Whether this tree runs evictor threads (`Background::start` decides the same way).
+    fn has_evictors(&self) -> bool {
+        !cfg!(feature = "shuttle") && self.store.is_some() && self.config.evictor_threads > 0
+    }
+
+    /// Wakes the evictors if the buffer is short of room. Call it after an operation that
+    /// may have taken room (a write, a promotion, a move to the tail, a scan's mirror), with
+    /// no page lock held: the first ring makes a system call.
+    pub(crate) fn nudge_evictors(&self) {
+        if self.has_evictors() && self.short_of_room() {
+            self.evict_bell.ring();
+        }
+    }
 }
 
 impl Background {
     /// Starts `evictors` evictor threads and, when writes are logged, a checkpointer (none
     /// of either for in-memory trees).
     pub(crate) fn start(tree: &Arc<Shared>, evictors: usize) -> Background {
-        let (evict, checkpoint) = (Control::new(), Control::new());
+        let (evict, checkpoint) = (tree.evict_bell.clone(), Control::new());
         let file_backed = tree.store.is_some();
         let evictors = if file_backed { evictors } else { 0 };
         let mut threads = Vec::new();
@@ -119,15 +132,7 @@ impl Background {
         Background {
             evict,
             checkpoint,
-            evictors,
             threads,
-        }
-    }
-
-    /// Wakes the evictors now (a writer found the buffer short of room).
-    pub(crate) fn nudge_evictors(&self) {
-        if self.evictors > 0 {
-            self.evict.ring();
         }
     }
 
@@ -228,5 +233,74 @@ mod tests {
             sleeper.join().expect("sleeper") < LONG / 2,
             "the sleeper was not woken"
         );
+    }
+
+    /// A tree whose config asks for evictors but runs none, so a ring stays pending and
+    /// can be seen.
+    fn tree_without_evictor_threads(dir: &std::path::Path) -> super::super::Tree {
+        let config = crate::Config::new(dir)
+            .cache_size(256 << 10)
+            .durability(crate::Durability::None)
+            .evictor_threads(1);
+        let shared = Arc::new(super::super::persist::open(config).expect("open"));
+        super::super::Tree {
+            background: Background::start(&shared, 0),
+            shared,
+        }
+    }
+
+    #[test]
+    fn reads_writes_and_scans_ring_the_evictors_only_when_short_of_room() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = tree_without_evictor_threads(dir.path());
+        let shared = &tree.shared;
+        let bell = &shared.evict_bell;
+        let key = |i: u32| i.to_be_bytes();
+        let mut n = 0;
+        // Fill the buffer until writes evict (inline here) and it is well below the mark,
+        // so one eviction by an operation below cannot lift it back over.
+        while shared.pool.ring_free() >= shared.low_water() / 4
+            || tree.stats().foreground_evictions == 0
+        {
+            tree.insert(key(n), [7u8; 100]).expect("insert");
+            n += 1;
+        }
+        assert!(bell.rung.load(Ordering::Acquire), "a write did not ring");
+        for (what, op) in [
+            (
+                "a read",
+                &(|| drop(tree.get(key(0)).expect("get"))) as &dyn Fn(),
+            ),
+            ("a scan", &|| {
+                drop(tree.iter().next().expect("record").expect("scan"))
+            }),
+            ("a write", &|| {
+                tree.insert(key(1), [8u8; 100]).expect("insert")
+            }),
+        ] {
+            bell.rung.store(false, Ordering::Release);
+            op();
+            assert!(shared.short_of_room(), "the buffer gained room by itself");
+            assert!(bell.rung.load(Ordering::Acquire), "{what} did not ring");
+        }
+        // Every eviction so far was an operation's own; the background's are not counted.
+        let before = tree.stats();
+        assert!(before.foreground_evictions > 0);
+        assert!(before.foreground_evictions <= before.evictions);
+        // With room to spare, nothing rings.
+        while shared.short_of_room() {
+            shared.make_room().expect("evict");
+        }
+        let after = tree.stats();
+        assert!(after.evictions > before.evictions);
+        assert_eq!(after.foreground_evictions, before.foreground_evictions);
+        bell.rung.store(false, Ordering::Release);
+        drop(tree.get(key(2)).expect("get"));
+        drop(tree.iter().next());
+        assert!(
+            !bell.rung.load(Ordering::Acquire),
+            "rang with room to spare"
+        );
+        assert!(n > 0);
     }
 }

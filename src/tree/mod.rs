@@ -84,6 +84,9 @@ pub(crate) struct Shared {
     pub(crate) log_writes: bool,
     /// The LSN the last durable checkpoint covers: replay starts there.
     pub(crate) checkpoint_lsn: AtomicU64,
+    /// Wakes the evictor threads (`background`): rung by whoever takes buffer room while
+    /// the buffer is short of it.
+    pub(crate) evict_bell: std::sync::Arc<background::Control>,
 }
 
 /// What a write does to its key.
@@ -181,7 +184,10 @@ impl Tree {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>> {
         let key = key.as_ref();
         self.shared.limits.check(key, &[])?;
-        self.shared.get(key)
+        let value = self.shared.get(key);
+        // A promotion or a move to the tail may have taken room.
+        self.shared.nudge_evictors();
+        value
     }
 
     /// The records with keys in `range`, in ascending order (`.rev()` for descending).
@@ -254,11 +260,10 @@ impl Tree {
         self.shared.census()
     }
 
-    /// Wakes the evictors early when a write left the buffer short of room.
+    /// Wakes the evictors when a write left the buffer short of room, and the checkpointer
+    /// when the log grew past its mark.
     fn after_write(&self) {
-        if self.shared.short_of_room() {
-            self.background.nudge_evictors();
-        }
+        self.shared.nudge_evictors();
         if self.shared.wants_checkpoint() {
             self.background.nudge_checkpointer();
         }
@@ -322,6 +327,7 @@ impl Shared {
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             dir,
+            evict_bell: background::Control::new(),
         }
     }
 
@@ -374,6 +380,16 @@ impl Shared {
         }
     }
 
+    /// `make_room` on a foreground thread, which found the buffer full (counted: the
+    /// evictor threads should have kept room).
+    pub(crate) fn make_room_here(&self) -> Result<()> {
+        self.make_room()?;
+        self.counters
+            .foreground_evictions
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Walks to the leaf for `seek` and read-locks it, validated against structure changes.
     pub(crate) fn read_leaf<'g>(
         &'g self,
@@ -417,7 +433,7 @@ impl Shared {
         if wants_room {
             // A promotion found the buffer full. Make room for the next one; the answer is
             // already known, and a failure to evict belongs to the writer that meets it.
-            let _ = self.make_room();
+            let _ = self.make_room_here();
         }
         Ok(value)
     }
@@ -504,7 +520,7 @@ impl Shared {
     /// Prepares the next attempt of an operation that had to release its locks.
     pub(crate) fn restart(&self, why: Restart, spins: &mut u32) -> Result<()> {
         match why {
-            Restart::NeedSpace => self.make_room(),
+            Restart::NeedSpace => self.make_room_here(),
             Restart::Retry => {
                 *spins += 1;
                 backoff(*spins);

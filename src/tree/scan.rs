@@ -110,6 +110,8 @@ impl<'t> Range<'t> {
             let items = self
                 .tree
                 .collect_leaf(&path, page, &self.front, &self.upper)?;
+            // Making the leaf a full-page mirror may have taken room.
+            self.tree.nudge_evictors();
             if !has_high || past_end(&self.upper, &high) {
                 self.front_done = true;
             } else {
@@ -135,6 +137,7 @@ impl<'t> Range<'t> {
             let items = self
                 .tree
                 .collect_leaf(&path, page, &self.lower, &self.back)?;
+            self.tree.nudge_evictors();
             if !has_low || at_or_below_start(&self.lower, &low) {
                 self.back_done = true;
             } else {

@@ -33,6 +33,10 @@ pub struct Stats {
     pub leaves_removed: u64,
     /// Blocks evicted from the buffer.
     pub evictions: u64,
+    /// Of those, the evictions an operation made on its own thread because it found the
+    /// buffer full; the evictor threads made the rest. Many of these mean the evictors do not
+    /// keep up (see [`Config::evictor_threads`](crate::Config::evictor_threads)).
+    pub foreground_evictions: u64,
     /// Pages read from the data file.
     pub pages_read: u64,
     /// Pages written to the data file.
@@ -86,6 +90,7 @@ pub(crate) struct Counters {
     pub(crate) leaves_removed: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
     pub(crate) replayed: AtomicU64,
+    pub(crate) foreground_evictions: AtomicU64,
 }
 
 impl Counters {
@@ -122,6 +127,7 @@ impl Shared {
             splits: get(&c.splits),
             leaves_removed: get(&c.leaves_removed),
             evictions: self.pool.stats().evictions,
+            foreground_evictions: get(&c.foreground_evictions),
             pages_read: store.reads,
             pages_written: store.writes,
             data_syncs: store.syncs,
