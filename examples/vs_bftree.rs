@@ -61,7 +61,7 @@ struct Args {
     /// mode, for data that fits in the cache).
     #[arg(long, default_value = "bf-tree")]
     peer: String,
-    /// bfkv's read-promotion percentage (default: bfkv's own default, 5; bf-tree's is 30).
+    /// bfkv's read-promotion percentage (default: bfkv's own default, 100; bf-tree's is 30).
     #[arg(long)]
     bfkv_promotion: Option<u8>,
     /// Internal: run one engine in this process and print raw results.

@@ -131,8 +131,9 @@ impl Shared {
     /// probability is 0 (promotion off).
     fn promotes(&self, key: &[u8]) -> bool {
         let p = self.config.promotion_percent;
-        // The doorkeeper goes first: it must see every miss to count second ones.
-        p > 0 && (self.doorkeeper.admit(key) || p > percent_roll())
+        // Every miss is cached at 100: nothing for the doorkeeper to tell apart. Below, the
+        // doorkeeper goes first: it must see every miss to count second ones.
+        p >= 100 || (p > 0 && (self.doorkeeper.admit(key) || p > percent_roll()))
     }
 
     /// Looks `key` up in a read-locked leaf. Returns the value and whether a promotion
