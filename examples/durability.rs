@@ -6,7 +6,10 @@
 //! With `BFKV_ROUNDS=1`, `ycsb` also prints each round's ratio and how many checkpoints have
 //! finished by then (a round a checkpoint runs in is slower for `Buffered`); with
 //! `BFKV_CHECKPOINT_MB=N`, automatic checkpoints come every N MiB of log instead of the
-//! default 128 (24 puts one in most rounds).
+//! default 128 (24 puts one in most rounds); with `BFKV_RECORDS=N`, `ycsb` loads N records
+//! instead of WORKLOADS.md's 5,000,000 (the cache is sized to hold them; 200,000 was the
+//! default until 2026-11-23: a hot set that small makes two writers meet on the same leaves
+//! far more often).
 //! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
 
 use std::path::{Path, PathBuf};
@@ -73,9 +76,9 @@ fn checkpoint_log_bytes() -> Option<u64> {
 /// that holds them all.
 fn loaded_tree(durability: Durability, records: u64) -> Tree {
     let dir = bench_dir(&format!("ycsb-{durability:?}"));
-    let mut config = Config::new(&dir)
-        .cache_size(256 << 20)
-        .durability(durability);
+    // In memory: room for every record (about 60 bytes each in mini-pages) with space left.
+    let cache = (256 << 20).max(records as usize * 128);
+    let mut config = Config::new(&dir).cache_size(cache).durability(durability);
     if let Some(bytes) = checkpoint_log_bytes() {
         config = config.checkpoint_log_bytes(bytes);
     }
@@ -334,7 +337,11 @@ fn main() {
             None => vec![1, 2],
         };
         for threads in threads {
-            ycsb_a_paired(200_000, 21, 1_000_000, threads);
+            let records = std::env::var("BFKV_RECORDS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(5_000_000);
+            ycsb_a_paired(records, 21, 1_000_000, threads);
         }
     }
     if matches!(what, "pause" | "all") {
