@@ -167,6 +167,8 @@ impl Config {
     /// Background threads that write cold mini-pages back to disk ahead of need, so writers
     /// seldom wait for it and several writes are in flight at once. Default 2; 0 makes every
     /// eviction happen in the thread that needs the room. File-backed trees only.
+    /// [`Stats::foreground_evictions`](crate::Stats::foreground_evictions) counts the
+    /// evictions the evictors left to the operations themselves.
     pub fn evictor_threads(mut self, threads: usize) -> Self {
         self.evictor_threads = threads;
         self
