@@ -140,11 +140,12 @@ impl Config {
     /// (or a phantom record for an absent key) in the page's mini-page on the key's first
     /// miss. A key that misses again soon after (a small filter of recently missed keys
     /// remembers it, 1 bit per 16 bytes of cache) is cached on that second miss whatever
-    /// this is; 0 turns caching of reads off. A scan that reads a leaf from disk keeps it as
-    /// a full-page mirror with this chance, at most 50 %. Default 100: every miss is cached.
-    /// Measured against 50 on 5M records in a 32 MiB cache, it read the disk as often right
-    /// after a load and on uniform keys, and 20-25 % less once Zipf lookups had warmed the
-    /// cache for 8 s, with 20-35 % more lookups a second (docs/benchmarks.md, "Promotion").
+    /// this is, unless it is 0, which turns caching of reads off. A scan that reads a leaf
+    /// from disk keeps it as a full-page mirror with this chance, at most 50 %. Default 100:
+    /// every miss is cached. Measured against 50 on 5M records in a 32 MiB cache, it did as
+    /// many page reads and writes in all right after a load and on uniform keys, and 20-25 %
+    /// fewer reads once Zipf lookups had warmed the cache for 8 s, with 20-35 % more lookups
+    /// a second (docs/benchmarks.md, "Promotion").
     pub fn promotion_percent(mut self, percent: u8) -> Self {
         self.promotion_percent = percent;
         self
