@@ -112,6 +112,19 @@ fn tree_on(store: &Arc<crate::store::FaultStore>, fs: &Arc<crate::wal::memfs::Me
     crash::open_with(config(), store.clone(), fs.clone()).expect("open")
 }
 
+/// `tree_on` with records `0..n` inserted at version 1.
+fn loaded_tree_on(
+    store: &Arc<crate::store::FaultStore>,
+    fs: &Arc<crate::wal::memfs::MemFs>,
+    n: u32,
+) -> Tree {
+    let tree = tree_on(store, fs);
+    for i in 0..n {
+        tree.insert(key(i), value(i, 1)).expect("insert");
+    }
+    tree
+}
+
 /// `Sync` writes, a 4 MiB cache, evictions only in the writers.
 fn config() -> Config {
     Config::new(crash::DIR)
@@ -174,11 +187,8 @@ fn tracked_page(tree: &Tree, pid: PageId) -> Option<u64> {
 #[test]
 fn leaves_changed_while_their_batch_is_written_are_not_marked_clean() {
     let (store, fs) = crash::disks();
-    let tree = tree_on(&store, &fs);
     let n = 2_000;
-    for i in 0..n {
-        tree.insert(key(i), value(i, 1)).expect("insert");
-    }
+    let tree = loaded_tree_on(&store, &fs, n);
     let (a, b, c) = (key(100), key(900), key(1_500));
     let (pa, pb, pc) = (leaf_of(&tree, &a), leaf_of(&tree, &b), leaf_of(&tree, &c));
     assert!(pa != pb && pb != pc && pa != pc, "keys share a leaf");
@@ -268,11 +278,8 @@ fn leaves_changed_while_their_batch_is_written_are_not_marked_clean() {
 #[test]
 fn the_second_pass_writes_only_leaves_not_written_since_the_lsn() {
     let (store, fs) = crash::disks();
-    let tree = tree_on(&store, &fs);
     let n = 2_000;
-    for i in 0..n {
-        tree.insert(key(i), value(i, 1)).expect("insert");
-    }
+    let tree = loaded_tree_on(&store, &fs, n);
     tree.checkpoint().expect("checkpoint");
     for i in 0..n {
         tree.insert(key(i), value(i, 2)).expect("update");
