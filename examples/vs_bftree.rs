@@ -281,11 +281,12 @@ fn workload_arg(w: Workload) -> String {
 fn parent(args: &Args) -> Result<(), BoxError> {
     let dropped = drop_page_cache();
     println!(
-        "bfkv vs {}: {} records (16 B keys, 16 B values), cache {} MiB, Zipf {DEFAULT_THETA}, {} s per phase after {} s of warm-up, median of {} runs; page cache dropped between engines: {}",
+        "bfkv vs {}: {} records (16 B keys, 16 B values), cache {} MiB, Zipf {DEFAULT_THETA}, {} per phase after {} s of warm-up, median of {} runs; page cache dropped between engines: {}",
         args.peer,
         args.records,
         args.cache_size >> 20,
-        args.ops.map_or(args.duration.to_string(), |n| format!("{n} ops")),
+        args.ops
+            .map_or(format!("{} s", args.duration), |n| format!("{n} ops")),
         args.warmup,
         args.runs,
         if dropped { "yes" } else { "no (not permitted)" }
