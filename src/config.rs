@@ -69,6 +69,7 @@ pub struct Config {
     /// `None`: the page size.
     pub(crate) merge_threshold: Option<usize>,
     pub(crate) evictor_threads: usize,
+    pub(crate) idle_write_back: Option<Duration>,
     pub(crate) flush_interval: Duration,
     pub(crate) checkpoint_log_bytes: u64,
     pub(crate) log_segment_size: u64,
@@ -97,6 +98,7 @@ impl Config {
             promotion_percent: 100,
             merge_threshold: None,
             evictor_threads: 2,
+            idle_write_back: Some(Duration::from_millis(50)),
             flush_interval: Duration::from_millis(5),
             checkpoint_log_bytes: 128 << 20,
             log_segment_size: 64 << 20,
@@ -172,6 +174,26 @@ impl Config {
     /// evictions the evictors left to the operations themselves.
     pub fn evictor_threads(mut self, threads: usize) -> Self {
         self.evictor_threads = threads;
+        self
+    }
+
+    /// Once writes have paused for this long, the first evictor thread writes the buffered
+    /// changes back to their leaf pages, many pages per batched read and write, and keeps
+    /// them cached as clean records. Clean records leave the cache without I/O when it
+    /// needs room, and cold ones are dropped as their mini-pages move, so after a burst of
+    /// writes (a bulk load) the cache goes to the records being read, instead of holding
+    /// the written ones until each reaches the head of the buffer. It stops as soon as a
+    /// write arrives. Default 50 ms; from 1 ms to 1 hour, or `None` to turn it off (changes
+    /// then reach disk only when evicted, at a checkpoint, or at close). File-backed trees
+    /// with at least one evictor thread only.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let config = bfkv::Config::new("db").idle_write_back(Some(Duration::from_millis(200)));
+    /// # let _ = config;
+    /// ```
+    pub fn idle_write_back(mut self, after: Option<Duration>) -> Self {
+        self.idle_write_back = after;
         self
     }
 
@@ -255,6 +277,11 @@ impl Config {
         if self.evictor_threads > 64 {
             return bad("at most 64 evictor threads");
         }
+        if let Some(pause) = self.idle_write_back {
+            if pause < Duration::from_millis(1) || pause > Duration::from_secs(3600) {
+                return bad("idle write-back pause must be from 1 ms to 1 hour");
+            }
+        }
         if self.flush_interval.is_zero() || self.flush_interval > Duration::from_secs(60) {
             return bad("flush interval must be from 1 ns to 60 s");
         }
@@ -326,6 +353,10 @@ mod tests {
     #[test]
     fn defaults_validate() {
         Config::in_memory().validate().unwrap();
+        Config::in_memory()
+            .idle_write_back(None)
+            .validate()
+            .unwrap();
         Config::new("/nonexistent").validate().unwrap();
     }
 
@@ -362,6 +393,8 @@ mod tests {
             Config::in_memory().log_staging_size(4096),
             Config::in_memory().log_staging_size(3 << 20),
             Config::in_memory().log_staging_size(2 << 30),
+            Config::in_memory().idle_write_back(Some(Duration::ZERO)),
+            Config::in_memory().idle_write_back(Some(Duration::from_secs(7200))),
         ] {
             assert!(
                 matches!(c.validate(), Err(Error::InvalidConfig { .. })),

@@ -111,6 +111,7 @@ impl<'a> ReadGuard<'a> {
     }
 
     /// Whether the id was removed (a stale id from before a merge; retry from the parent).
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn is_removed(&self) -> bool {
         self.location() == Location::Disk(latch::REMOVED_PAGE)
     }

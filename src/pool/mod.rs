@@ -224,9 +224,13 @@ impl BufferPool {
         self.capacity
     }
 
-    /// Every live entry and its location, for checkpoints (only `Disk` locations are
-    /// meaningful once the checkpoint wrote every mini-page out). Takes each entry's read
-    /// lock briefly.
+    /// One more than the largest page id handed out so far.
+    pub(crate) fn page_id_limit(&self) -> PageId {
+        self.table.id_limit()
+    }
+
+    /// Every live entry and its location (tests). Takes each entry's read lock briefly.
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn page_entries(&self) -> Vec<(PageId, Location)> {
         (0..self.table.id_limit())
             .filter_map(|pid| {

@@ -7,15 +7,19 @@
 //! buffer full evicts one block itself (that path guarantees progress); the threads only add
 //! throughput.
 //!
+//! The first evictor also writes buffered changes back to their leaves once writes have
+//! paused for `Config::idle_write_back` (`clean.rs` says why).
+//!
 //! A checkpointer thread writes a checkpoint when the log has grown past
 //! `Config::checkpoint_log_bytes` since the last one, which bounds the log's size and the
 //! time recovery needs to replay it.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Shared;
+use crate::pool::PageId;
 use crate::sync::{AtomicBool, Ordering};
 
 /// How long an idle evictor sleeps before checking the buffer again, rung or not. Every
@@ -120,9 +124,15 @@ impl Background {
         let mut threads = Vec::new();
         for i in 0..evictors {
             let (tree, control) = (tree.clone(), evict.clone());
+            // The first evictor also does the idle write-back: a thread of its own cost 7-9
+            // MiB of resident memory in its malloc arena (`tests/memory.rs`).
+            let idle = (i == 0)
+                .then_some(tree.config.idle_write_back)
+                .flatten()
+                .map(IdleWriter::new);
             let spawned = std::thread::Builder::new()
                 .name(format!("bfkv-evict-{i}"))
-                .spawn(move || run_evictor(&tree, &control));
+                .spawn(move || run_evictor(&tree, &control, idle));
             threads.extend(spawned.ok());
         }
         if file_backed && tree.log_writes && !cfg!(feature = "shuttle") {
@@ -173,7 +183,53 @@ fn run_checkpointer(tree: &Shared, control: &Control) {
     }
 }
 
-fn run_evictor(tree: &Shared, control: &Control) {
+/// The idle write-back's state: it waits for the count of applied writes to stand still for
+/// `pause`, then writes back the buffered leaves until a write arrives. A pass that got
+/// through every leaf is not repeated until more writes have come and paused again.
+struct IdleWriter {
+    pause: Duration,
+    /// The count last seen, and when it was first seen.
+    seen: (u64, Instant),
+    /// The count when a pass last went through every leaf (`None`: no pass yet; a tree may
+    /// open with dirty leaves, replayed from the log).
+    clean_at: Option<u64>,
+    /// Where the next pass starts.
+    from: PageId,
+}
+
+impl IdleWriter {
+    fn new(pause: Duration) -> IdleWriter {
+        IdleWriter {
+            pause,
+            seen: (u64::MAX, Instant::now()),
+            clean_at: None,
+            from: 0,
+        }
+    }
+
+    /// Runs a pass if writes have paused long enough. The pass gives way to eviction, to a
+    /// stop, and to the next write.
+    fn tick(&mut self, tree: &Shared, control: &Control) {
+        let now = tree.writes_applied();
+        if now != self.seen.0 {
+            self.seen = (now, Instant::now());
+            return;
+        }
+        if self.clean_at == Some(now) || self.seen.1.elapsed() < self.pause {
+            return;
+        }
+        let idle = || !control.stopped() && !tree.short_of_room() && tree.writes_applied() == now;
+        match tree.write_back_idle(&mut self.from, &idle) {
+            Ok(true) => self.clean_at = Some(now),
+            Ok(false) => {}
+            // Nothing durable changed; the leaves stay dirty for eviction or a later pass.
+            Err(_) => std::thread::sleep(BACKOFF_ON_ERROR),
+        }
+    }
+}
+
+fn run_evictor(tree: &Shared, control: &Control, mut idle: Option<IdleWriter>) {
+    let poll = idle.as_ref().map_or(POLL, |w| w.pause.min(POLL));
     while !control.stopped() {
         if tree.short_of_room() {
             // Evict until there is twice the low-water room, so bursts of writes find room.
@@ -186,7 +242,10 @@ fn run_evictor(tree: &Shared, control: &Control) {
             }
             continue;
         }
-        control.wait(POLL);
+        if let Some(w) = &mut idle {
+            w.tick(tree, control);
+        }
+        control.wait(poll);
     }
 }
 
@@ -244,7 +303,8 @@ mod tests {
         let config = crate::Config::new(dir)
             .cache_size(256 << 10)
             .durability(crate::Durability::None)
-            .evictor_threads(1);
+            .evictor_threads(1)
+            .idle_write_back(None);
         let shared = Arc::new(super::super::persist::open(config).expect("open"));
         super::super::Tree {
             background: Background::start(&shared, 0),

@@ -1,9 +1,13 @@
 //! A checkpoint's passes over the buffered leaves: each dirty leaf is written back (to a new
 //! page, `evict.rs`) and its cached node kept, marked clean.
 //!
-//! Leaves are written in batches, and no leaf stays locked while its page is written. A
-//! pass builds up to `BATCH` leaves, each under its own write lock, which it releases once
-//! the leaf's image and a copy of its node are taken. It writes the batch with one
+//! Leaves are written in batches, and no leaf stays locked while its page is read or
+//! written. A pass first looks at leaves under read locks until `BATCH` of them need a
+//! write-back, and reads the disk pages of those that are mini-pages with one `read_batch`
+//! (a page read ahead is used only if the leaf's write token, see below, is unchanged once
+//! the leaf is locked; otherwise its merge reads the page again). It then builds the
+//! leaves, each under its own write lock, which it releases once the leaf's image and a copy
+//! of its node are taken. It writes the batch with one
 //! `write_batch`, then locks each leaf again to record the move:
 //! - if the leaf was split or removed meanwhile (the image was built with its old bounds),
 //!   or someone else wrote it (an eviction or a write-back: that page is newer than ours),
@@ -21,19 +25,26 @@
 //! write each time they met a staged leaf: under Zipf YCSB-A with 2 threads, the rounds
 //! with a checkpoint ran at 0.5-0.6 of the others.
 
-use super::evict::{Action, PageBatch};
+use super::evict::{needs_write_back, Action, Image, PageBatch};
 use super::{Attempt, Restart, Shared, FLAG_DIRTY};
 use crate::error::{Error, Result};
-use crate::node::{NodeKind, NodeMut, RecordKind};
+use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};
 use crate::pool::{Location, PageId, WriteGuard};
 use crate::sync::MutexGuard;
 
-/// Leaves a pass writes with one `write_batch`: enough for the device to work on many at
-/// once.
-const BATCH: usize = 32;
+/// Leaves a pass reads with one `read_batch` and writes with one `write_batch`: enough for
+/// the device to work on many at once.
+pub(super) const BATCH: usize = 32;
+
+/// A leaf that needed a write-back when `dirty_chunk` looked.
+pub(super) struct Candidate {
+    pid: PageId,
+    /// Its mini-page's disk page and the leaf's write token then: the page to read ahead.
+    read: Option<(u64, u64)>,
+}
 
 /// A leaf built in the batch, waiting for its page to be written (not locked).
-struct Staged {
+pub(super) struct Staged {
     pid: PageId,
     /// Its page before.
     old: Option<u64>,
@@ -70,17 +81,76 @@ impl Shared {
         staged: &mut Vec<Staged>,
         batch: &mut PageBatch,
     ) -> Result<()> {
-        for (pid, location) in self.pool.page_entries() {
-            if !matches!(location, Location::Mini(_)) {
+        let mut leaves = self.buffered_leaves(0);
+        loop {
+            // Written since the LSN was taken, with its current bounds (which cannot change
+            // while the structure lock is held): its page already covers every write this
+            // checkpoint must hold. What was written since stays dirty.
+            let chunk =
+                self.dirty_chunk(&mut leaves, |pid| smo.is_some() && self.pages.is_fresh(pid));
+            if chunk.is_empty() {
+                return self.write_staged(staged, batch);
+            }
+            self.stage_chunk(&chunk, smo, staged, batch)?;
+            if staged.len() >= BATCH {
+                self.write_staged(staged, batch)?;
+            }
+        }
+    }
+
+    /// Every page id in use so far, from `from` on and wrapping around (`dirty_chunk` skips
+    /// those without a cached node). Lazy: a pass over a large tree allocates nothing for it.
+    pub(super) fn buffered_leaves(&self, from: PageId) -> impl Iterator<Item = PageId> {
+        let limit = self.pool.page_id_limit();
+        let from = from.min(limit);
+        (from..limit).chain(0..from)
+    }
+
+    /// Takes leaves from `leaves` until `BATCH` of them need a write-back (or none are
+    /// left), skipping those `skip` names. Each is looked at under a read lock only; what
+    /// it finds is a hint that `stage_chunk` checks again under the write lock.
+    pub(super) fn dirty_chunk(
+        &self,
+        leaves: &mut impl Iterator<Item = PageId>,
+        skip: impl Fn(PageId) -> bool,
+    ) -> Vec<Candidate> {
+        let mut chunk = Vec::with_capacity(BATCH);
+        for pid in leaves {
+            if skip(pid) {
                 continue;
             }
-            if smo.is_some() && self.pages.is_fresh(pid) {
-                // Written since the LSN was taken, with its current bounds (which cannot
-                // change while the structure lock is held): its page already covers every
-                // write this checkpoint must hold. What was written since stays dirty.
+            let page = self.pool.read(pid);
+            let Some(bytes) = page.mini() else { continue };
+            let node = NodeRef::from_bytes(bytes);
+            if !needs_write_back(node) {
                 continue;
             }
-            match self.stage_leaf(pid, smo, batch)? {
+            // A mini-page's merge starts from its leaf's page: read it ahead. Stable while
+            // the leaf is locked (read-locked will do: changing it takes the write lock).
+            let read = match (node.kind(), node.disk_page()) {
+                (NodeKind::Mini, Some(disk)) => Some((disk, self.pages.write_token(pid))),
+                _ => None,
+            };
+            chunk.push(Candidate { pid, read });
+            if chunk.len() == BATCH {
+                break;
+            }
+        }
+        chunk
+    }
+
+    /// Stages the leaves of `chunk` in `batch` for `write_staged`, having read their pages
+    /// with one `read_batch`.
+    pub(super) fn stage_chunk(
+        &self,
+        chunk: &[Candidate],
+        smo: Option<&MutexGuard<'_, ()>>,
+        staged: &mut Vec<Staged>,
+        batch: &mut PageBatch,
+    ) -> Result<()> {
+        self.read_ahead(chunk, batch);
+        for c in chunk {
+            match self.stage_leaf(c.pid, smo, batch)? {
                 Ok(Some(s)) => staged.push(s),
                 Ok(None) => {}
                 Err(Restart::NeedSpace) | Err(Restart::Retry) if smo.is_some() => {
@@ -95,11 +165,41 @@ impl Shared {
                 // The first pass leaves it to the second.
                 Err(_) => {}
             }
-            if staged.len() >= BATCH {
-                self.write_staged(staged, batch)?;
-            }
         }
-        self.write_staged(staged, batch)
+        // Images no merge took: their leaves changed since they were read.
+        batch.recycle_images();
+        Ok(())
+    }
+
+    /// Reads the pages of the chunk's mini-pages with one `read_batch` into `batch.images`.
+    /// On failure it reads nothing ahead: each merge then reads its own page and reports
+    /// the error with the page it concerns.
+    fn read_ahead(&self, chunk: &[Candidate], batch: &mut PageBatch) {
+        let Some(store) = &self.store else { return };
+        let reads: Vec<(PageId, u64, u64)> = chunk
+            .iter()
+            .filter_map(|c| c.read.map(|(disk, token)| (c.pid, disk, token)))
+            .collect();
+        if reads.is_empty() {
+            return;
+        }
+        let pages: Vec<u64> = reads.iter().map(|r| r.1).collect();
+        let mut bufs: Vec<_> = (0..pages.len())
+            .map(|_| batch.spare_buf(self.page_size))
+            .collect();
+        if store.read_batch(&pages, &mut bufs).is_err() {
+            batch.spare.extend(bufs);
+            return;
+        }
+        batch.recycle_images();
+        for ((pid, disk, token), buf) in reads.into_iter().zip(bufs) {
+            batch.images.push(Image {
+                pid,
+                disk,
+                token,
+                buf,
+            });
+        }
     }
 
     /// Writes back leaf `pid` under its lock: `Some` if it was built into `batch`, to be
@@ -114,6 +214,7 @@ impl Shared {
         // Stable while the leaf is locked: whoever writes, splits or removes the leaf
         // changes it under the leaf's lock.
         let token = self.pages.write_token(pid);
+        batch.keep_images_if(pid, token);
         Ok(match self.checkpoint_leaf(&mut page, smo, batch)? {
             Ok(Some((old, new))) => Ok(Some(Staged {
                 pid,
@@ -160,7 +261,11 @@ impl Shared {
     /// Writes the staged leaves with one `write_batch`, then records each move that still
     /// holds (see the module docs). On failure the pages are freed and the leaves stay
     /// dirty.
-    fn write_staged(&self, staged: &mut Vec<Staged>, batch: &mut PageBatch) -> Result<()> {
+    pub(super) fn write_staged(
+        &self,
+        staged: &mut Vec<Staged>,
+        batch: &mut PageBatch,
+    ) -> Result<()> {
         if staged.is_empty() {
             return Ok(());
         }
@@ -205,7 +310,7 @@ impl Shared {
 
     /// Gives up on the staged leaves: frees their new pages, leaving the leaves dirty for a
     /// later checkpoint or eviction.
-    fn abandon(&self, staged: &mut Vec<Staged>, batch: &mut PageBatch) {
+    pub(super) fn abandon(&self, staged: &mut Vec<Staged>, batch: &mut PageBatch) {
         if let Some(store) = &self.store {
             for &p in &batch.pages {
                 let _ = store.free(p);

@@ -28,7 +28,8 @@ fn a_pass_waiting_for_a_busy_leaf_holds_no_other_leaf() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config::new(dir.path())
         .cache_size(64 << 20)
-        .durability(Durability::Buffered);
+        .durability(Durability::Buffered)
+        .idle_write_back(None);
     let tree = Tree::open(config.clone()).expect("open");
     let n = 20_000;
     for i in 0..n {
@@ -133,6 +134,8 @@ fn config() -> Config {
         // `MemFs` copies a segment's bytes on every sync: keep them small.
         .log_segment_size(64 << 10)
         .evictor_threads(0)
+        // Leaves must stay dirty until a test writes them back.
+        .idle_write_back(None)
 }
 
 /// Reopens from the disks' crash images.

@@ -108,13 +108,14 @@ fn model(ops: &[CrashOp]) -> BTreeMap<Vec<u8>, Vec<u8>> {
 }
 
 /// The configuration every scenario uses: small cache and segments, synchronous commits,
-/// no evictor threads (evictions happen inline, so runs are repeatable).
+/// no evictor threads (evictions happen inline, so runs are repeatable) and no idle write-back.
 fn config() -> Config {
     Config::new(DIR)
         .cache_size(64 << 10)
         .durability(Durability::Sync)
         .log_segment_size(8 << 10)
         .evictor_threads(0)
+        .idle_write_back(None)
 }
 
 /// Opens a tree over the given store and file system (no directory lock: nothing on disk).

@@ -265,12 +265,6 @@ impl Shared {
                     key.starts_with(r.prefix()),
                 )
             };
-            if kind.is_dirty() {
-                self.counters
-                    .hot()
-                    .writes_buffered
-                    .fetch_add(1, Ordering::Relaxed);
-            }
             if !prefix_ok {
                 // The leaf's range widened (a neighbour was removed) past the prefix this
                 // node was built with: rebuild it with the current bounds.

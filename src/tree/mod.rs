@@ -21,6 +21,7 @@ mod census;
 #[cfg(any(test, feature = "internals"))]
 mod check;
 mod checkpoint;
+mod clean;
 #[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
 pub(crate) mod crash;
 mod evict;
@@ -476,6 +477,10 @@ impl Shared {
             if let leaf::Written::Emptied = written {
                 self.remove_empty_leaf(key, page);
             }
+            self.counters
+                .hot()
+                .writes_buffered
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(lsn);
         }
     }

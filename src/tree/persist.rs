@@ -41,7 +41,7 @@ const HEADER: usize = 32;
 #[derive(Default)]
 pub(crate) struct PageTracker {
     inner: Mutex<Tracked>,
-    checkpointing: Mutex<()>,
+    pub(super) checkpointing: Mutex<()>,
 }
 
 #[derive(Default)]

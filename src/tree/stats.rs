@@ -100,7 +100,7 @@ impl Counters {
     }
 
     /// The sum of one per-operation counter over the stripes.
-    fn sum(&self, field: impl Fn(&Hot) -> &AtomicU64) -> u64 {
+    pub(crate) fn sum(&self, field: impl Fn(&Hot) -> &AtomicU64) -> u64 {
         self.hot
             .iter()
             .map(|h| field(h).load(Ordering::Relaxed))
