@@ -220,6 +220,13 @@ impl Shared {
                 if self.unlink_empty(pid, disk, key, smo) {
                     return Ok(Ok(Action::Detach(NO_PAGE)));
                 }
+                if smo.is_none() && batch.is_some() {
+                    // A pass that may skip leaves (a checkpoint's first, or the idle
+                    // write-back) leaves an emptied leaf it cannot unlink now to a pass that
+                    // holds the structure lock, rather than write it as an empty page that
+                    // nothing would remove later.
+                    return Ok(Err(Restart::Retry));
+                }
             }
         }
 
