@@ -465,8 +465,12 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
             stop.store(true, Ordering::Release);
             (acked, checkpoints_joined(checkpointer))
         });
+        // How many checkpoints fit before a cut depends on how the threads were scheduled:
+        // on a loaded 2-core machine a cut at 15 % of the log calls has caught a single one
+        // (6-11 when the machine is idle). The uncut run must show them racing.
+        let least = if cut.is_none() { 3 } else { 1 };
         assert!(
-            checkpoints >= 3,
+            checkpoints >= least,
             "{what}: only {checkpoints} checkpoints ran"
         );
         if cut.is_none() {
