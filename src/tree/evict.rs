@@ -55,9 +55,8 @@ pub(super) struct PageBatch {
     /// Leaf pages read ahead with one `read_batch` (`checkpoint.rs`), for the merges of the
     /// batch's mini-pages to start from instead of reading one page at a time.
     pub(super) images: Vec<Image>,
-    /// Page buffers for the next read-ahead. Reusing them keeps a long pass from allocating
-    /// two pages per leaf: in a thread of its own, that churn left 7 MiB of freed memory
-    /// resident in the thread's malloc arena (`tests/memory.rs`).
+    /// Page buffers no image or built leaf holds, reused so that a long pass does not
+    /// allocate two pages per leaf.
     pub(super) spare: Vec<PageBuf>,
 }
 
@@ -106,7 +105,8 @@ impl PageBatch {
     fn next_buf(&mut self, page_size: usize) -> &mut PageBuf {
         let i = self.pages.len();
         if self.bufs.len() == i {
-            self.bufs.push(PageBuf::new(page_size));
+            let buf = self.spare_buf(page_size);
+            self.bufs.push(buf);
         }
         &mut self.bufs[i]
     }
