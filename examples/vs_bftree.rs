@@ -185,9 +185,9 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
             runner::run(engine, w, warm, warm_stop, &next_insert)?;
         }
         let out = runner::run(engine, w, spec, stop, &next_insert)?;
-        // `BFKV_CENSUS=1` (with `--features internals`): where bfkv's cache is after each
+        // `BFKV_CENSUS=1` (in a build with `RUSTFLAGS="--cfg bfkv_internals"`): where bfkv's cache is after each
         // phase, on stderr.
-        #[cfg(feature = "internals")]
+        #[cfg(any(fuzzing, bfkv_internals))]
         if let (Some(b), Some(_)) = (&bfkv, std::env::var_os("BFKV_CENSUS")) {
             eprintln!("census after {}:\n{}", w.name(), b.0.census());
         }

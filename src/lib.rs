@@ -26,9 +26,10 @@ pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
 pub use tree::{Range, Stats, Tree};
 
-/// Entry points into the lower layers for the fuzz targets (feature `internals`). Not a
+/// Entry points into the lower layers for the fuzz targets (`--cfg fuzzing`, set by `cargo
+/// fuzz`) and the layer benches (`--cfg bfkv_internals`). Not a
 /// stable API: nothing here is covered by semver.
-#[cfg(feature = "internals")]
+#[cfg(any(fuzzing, bfkv_internals))]
 #[doc(hidden)]
 pub mod internals {
     use std::path::Path;

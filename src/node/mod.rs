@@ -53,7 +53,7 @@
 //! 1 KiB key and a 2 KiB record always fit a 4 KiB leaf, whatever its fences.
 
 mod build;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 mod fuzz;
 mod layout;
 mod read;
@@ -73,7 +73,7 @@ pub(crate) use build::{
     build, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records, Bytes,
     Record,
 };
-#[cfg(feature = "internals")]
+#[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
 pub(crate) use read::NodeRef;
 pub(crate) use write::NodeMut;

@@ -1,4 +1,4 @@
-//! A consistency walk over the buffer for tests and fuzzing (feature `internals`): every
+//! A consistency walk over the buffer for tests and fuzzing (cfg `fuzzing` or `bfkv_internals`): every
 //! byte between head and tail belongs to exactly one well-formed block.
 
 use super::ring::header;

@@ -278,7 +278,7 @@ fn backoff(waits: &mut u32) {
     *waits += 1;
     if *waits < 10 {
         crate::sync::spin_hint();
-    } else if *waits < 100 || cfg!(feature = "shuttle") {
+    } else if *waits < 100 || cfg!(shuttle) {
         crate::sync::yield_now();
     } else {
         std::thread::sleep(std::time::Duration::from_micros(50));

@@ -39,14 +39,14 @@ pub(super) fn class_of(size: u64) -> usize {
 
 /// The shard this thread prefers (threads are numbered round-robin on first use).
 pub(crate) fn my_shard() -> usize {
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     {
         use std::sync::atomic::AtomicUsize as Counter;
         static NEXT: Counter = Counter::new(0);
         thread_local!(static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
         MINE.with(|m| *m)
     }
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     {
         // Shuttle threads may share an OS thread; hash the model thread's id instead.
         use std::hash::{Hash, Hasher};

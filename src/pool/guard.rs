@@ -111,7 +111,7 @@ impl<'a> ReadGuard<'a> {
     }
 
     /// Whether the id was removed (a stale id from before a merge; retry from the parent).
-    #[cfg(all(test, not(feature = "shuttle")))]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn is_removed(&self) -> bool {
         self.location() == Location::Disk(latch::REMOVED_PAGE)
     }

@@ -1,4 +1,4 @@
-//! A safe, lifetime-free driver over the pool for the fuzz targets (feature `internals`):
+//! A safe, lifetime-free driver over the pool for the fuzz targets (cfg `fuzzing` or `bfkv_internals`):
 //! pages are named by id, and every operation keeps the pool's ownership rules.
 
 use super::size::{class_size, CLASSES};

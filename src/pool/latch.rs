@@ -159,7 +159,7 @@ fn acquire(word: &AtomicU64, next: impl Fn(u64) -> Option<u64>) {
 }
 
 /// Sleeps until the word's holders change (a releaser sees `PARKED` and wakes everyone).
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 fn park(word: &AtomicU64, cur: u64, next: &impl Fn(u64) -> Option<u64>) {
     if cur & PARKED == 0
         && word
@@ -188,7 +188,7 @@ fn park(word: &AtomicU64, cur: u64, next: &impl Fn(u64) -> Option<u64>) {
 }
 
 /// Under shuttle a blocked thread yields, so the scheduler can run the holder.
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 fn park(_word: &AtomicU64, _cur: u64, _next: &impl Fn(u64) -> Option<u64>) {
     crate::sync::yield_now();
 }
@@ -196,7 +196,7 @@ fn park(_word: &AtomicU64, _cur: u64, _next: &impl Fn(u64) -> Option<u64>) {
 /// Clears `PARKED` and wakes every thread parked on the word; they retry and re-park.
 fn wake(word: &AtomicU64) {
     word.fetch_and(!PARKED, Ordering::Relaxed);
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     // SAFETY: unparking with a plain token; no callback runs inside parking_lot_core.
     unsafe {
         parking_lot_core::unpark_all(
@@ -206,7 +206,7 @@ fn wake(word: &AtomicU64) {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
 

@@ -101,7 +101,7 @@ impl MappingTable {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
 

@@ -13,12 +13,12 @@
 //! free.
 
 mod alloc;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 mod audit;
 mod evict;
 mod free_list;
 mod guard;
-#[cfg(feature = "internals")]
+#[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) mod harness;
 mod latch;
 mod mapping;
@@ -26,11 +26,11 @@ mod ring;
 mod size;
 mod stats;
 
-#[cfg(all(test, feature = "shuttle"))]
+#[cfg(all(test, shuttle))]
 mod shuttle_tests;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod stress_tests;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests;
 
 pub(crate) use evict::EvictGuard;
@@ -230,7 +230,7 @@ impl BufferPool {
     }
 
     /// Every live entry and its location (tests). Takes each entry's read lock briefly.
-    #[cfg(all(test, not(feature = "shuttle")))]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn page_entries(&self) -> Vec<(PageId, Location)> {
         (0..self.table.id_limit())
             .filter_map(|pid| {

@@ -112,7 +112,7 @@ impl Ring {
         debug_assert!(phys % 8 == 0 && phys + 8 <= self.size);
         // Header words are plain std atomics (they live in the mapping), invisible to shuttle:
         // make each access a scheduling point so the model explores header races too.
-        #[cfg(feature = "shuttle")]
+        #[cfg(shuttle)]
         shuttle::thread::yield_now();
         // SAFETY: `phys` is an 8-aligned offset inside the mapping (callers only pass block
         // offsets, which are 8-aligned and below `size`), the mapping is page aligned and lives

@@ -249,7 +249,7 @@ impl FaultStore {
 
     /// Every later call that writes pages sleeps `delay` first (without holding the disk),
     /// as a device would keep them in flight.
-    #[cfg(all(test, not(feature = "shuttle")))]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn slow_writes(&self, delay: std::time::Duration) {
         self.disk.state.lock().write_delay = delay;
     }

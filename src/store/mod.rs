@@ -61,7 +61,7 @@ mod alloc;
 mod buf;
 pub(crate) mod checksum;
 mod disk;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 mod fault;
 mod file;
 #[cfg(test)]
@@ -80,7 +80,7 @@ mod uring_tests;
 use crate::error::Result;
 
 pub(crate) use buf::PageBuf;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 pub(crate) use fault::FaultStore;
 pub(crate) use file::{Backend, FileStore};
 #[cfg(test)]

@@ -1,22 +1,22 @@
 //! The concurrency shim: every atomic, lock and thread bfkv uses comes from here, so the
-//! `shuttle` feature can swap them all for shuttle's model-checked versions at once.
+//! `--cfg shuttle` build (RUSTFLAGS) swaps them all for shuttle's model-checked versions at once.
 //!
 //! Code elsewhere imports `crate::sync::...` and never names `std::sync` or `parking_lot`
 //! directly for state shared between threads.
 
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use std::sync::Arc;
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 #[allow(unused_imports)]
 pub(crate) use std::thread;
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub(crate) use shuttle::sync::Arc;
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 #[allow(unused_imports)]
 pub(crate) use shuttle::thread;
 
@@ -25,17 +25,17 @@ pub(crate) use std::sync::atomic::Ordering;
 /// A mutex without poisoning: a panic while holding it is a bug we do not try to survive.
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     inner: parking_lot::Mutex<T>,
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     inner: shuttle::sync::Mutex<T>,
 }
 
 /// Guard returned by [`Mutex::lock`].
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
 /// Guard returned by [`Mutex::lock`].
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub(crate) type MutexGuard<'a, T> = shuttle::sync::MutexGuard<'a, T>;
 
 impl<T> Mutex<T> {
@@ -45,27 +45,27 @@ impl<T> Mutex<T> {
         }
     }
 
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     fn make(value: T) -> parking_lot::Mutex<T> {
         parking_lot::Mutex::new(value)
     }
 
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     fn make(value: T) -> shuttle::sync::Mutex<T> {
         shuttle::sync::Mutex::new(value)
     }
 
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.inner.lock()
     }
 
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         self.inner.try_lock()
     }
 
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         match self.inner.try_lock() {
             Ok(g) => Some(g),
@@ -74,7 +74,7 @@ impl<T> Mutex<T> {
         }
     }
 
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         // A poisoned lock means another model thread panicked; the test fails on that panic.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -83,21 +83,21 @@ impl<T> Mutex<T> {
 
 /// Gives up the rest of this thread's time slice (a scheduling point under shuttle).
 pub(crate) fn yield_now() {
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     std::thread::yield_now();
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     shuttle::thread::yield_now();
 }
 
 /// One step of a bounded spin: a CPU hint normally, a scheduling point under shuttle.
 pub(crate) fn spin_hint() {
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     std::hint::spin_loop();
-    #[cfg(feature = "shuttle")]
+    #[cfg(shuttle)]
     shuttle::thread::yield_now();
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
 

@@ -67,7 +67,7 @@ impl<T: Send + Sync + 'static> Drop for RcuCell<T> {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
     use crate::sync::{thread, Arc, AtomicUsize};

@@ -244,7 +244,7 @@ pub(crate) fn test_ring(capacity: usize) -> RingMap {
     RingMap::new(&file, 0, capacity).expect("ring")
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
     use crate::sync::{thread, Arc};
@@ -412,7 +412,7 @@ mod tests {
     }
 }
 
-#[cfg(all(test, feature = "shuttle"))]
+#[cfg(all(test, shuttle))]
 mod shuttle_tests {
     use super::*;
     use crate::sync::{thread, Arc};

@@ -101,7 +101,7 @@ impl Shared {
 
     /// Whether this tree runs evictor threads (`Background::start` decides the same way).
     fn has_evictors(&self) -> bool {
-        !cfg!(feature = "shuttle") && self.store.is_some() && self.config.evictor_threads > 0
+        !cfg!(shuttle) && self.store.is_some() && self.config.evictor_threads > 0
     }
 
     /// Wakes the evictors if the buffer is short of room. Call it after an operation that
@@ -135,7 +135,7 @@ impl Background {
                 .spawn(move || run_evictor(&tree, &control, idle));
             threads.extend(spawned.ok());
         }
-        if file_backed && tree.log_writes && !cfg!(feature = "shuttle") {
+        if file_backed && tree.log_writes && !cfg!(shuttle) {
             let (tree, control) = (tree.clone(), checkpoint.clone());
             let spawned = std::thread::Builder::new()
                 .name("bfkv-checkpoint".into())
@@ -249,7 +249,7 @@ fn run_evictor(tree: &Shared, control: &Control, mut idle: Option<IdleWriter>) {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
     use std::time::Instant;

@@ -1,4 +1,4 @@
-//! A census of the cache for diagnosis (feature `internals`): how the circular buffer's
+//! A census of the cache for diagnosis (cfg `fuzzing` or `bfkv_internals`): how the circular buffer's
 //! bytes divide between records, node overhead and unused space, per kind of node.
 
 use std::fmt;

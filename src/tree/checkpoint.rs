@@ -349,6 +349,6 @@ fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 #[path = "checkpoint_tests.rs"]
 mod tests;

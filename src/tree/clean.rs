@@ -66,6 +66,6 @@ impl Shared {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 #[path = "clean_tests.rs"]
 mod tests;

@@ -16,22 +16,22 @@
 
 mod admit;
 mod background;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
-#[cfg(any(test, feature = "internals"))]
+#[cfg(any(test, fuzzing, bfkv_internals))]
 mod check;
 mod checkpoint;
 mod clean;
-#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+#[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod crash;
 mod evict;
 mod inner;
 mod leaf;
 mod persist;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod power_tests;
 mod scan;
-#[cfg(all(test, feature = "shuttle"))]
+#[cfg(all(test, shuttle))]
 mod shuttle_tests;
 mod stats;
 #[cfg(test)]
@@ -47,7 +47,7 @@ use crate::store::{PageBuf, PageStore};
 use crate::sync::{self, Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering, RcuCell};
 use crate::wal::{Appended, LogOp, Lsn, Wal};
 
-#[cfg(feature = "internals")]
+#[cfg(any(fuzzing, bfkv_internals))]
 pub use census::Census;
 use inner::{Inner, Path, Seek};
 pub use scan::Range;
@@ -139,7 +139,7 @@ impl Tree {
     pub fn open(config: Config) -> Result<Tree> {
         config.validate()?;
         // Shuttle explores the foreground paths only: no background threads in its models.
-        let threads = if cfg!(feature = "shuttle") {
+        let threads = if cfg!(shuttle) {
             0
         } else {
             config.evictor_threads
@@ -255,7 +255,7 @@ impl Tree {
     }
 
     /// Where the cache's bytes are right now (diagnosis; walks every leaf).
-    #[cfg(feature = "internals")]
+    #[cfg(any(fuzzing, bfkv_internals))]
     #[doc(hidden)]
     pub fn census(&self) -> census::Census {
         self.shared.census()

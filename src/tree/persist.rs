@@ -124,7 +124,7 @@ impl PageTracker {
     }
 
     /// The newest written page of leaf `pid`.
-    #[cfg(all(test, not(feature = "shuttle")))]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn leaf_page(&self, pid: PageId) -> Option<u64> {
         self.inner.lock().leaf_pages.get(&pid).copied()
     }
@@ -531,7 +531,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg(not(feature = "shuttle"))]
+    #[cfg(not(shuttle))]
     fn buffered_trees_stage_in_shared_memory_unless_told_not_to() {
         let shm = std::path::Path::new("/dev/shm");
         for staging in [crate::config::DEFAULT_LOG_STAGING_SIZE, 64 << 10, 0] {

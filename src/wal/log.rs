@@ -112,7 +112,7 @@ impl Wal {
     /// # Errors
     /// `InvalidConfig` for a bad configuration, `Io` on file errors, `Corruption` for a
     /// damaged segment before the tail.
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(any(test, fuzzing, bfkv_internals))]
     pub(crate) fn open(dir: &Path, config: WalConfig) -> Result<Wal> {
         Wal::open_on(Arc::new(super::vfs::StdFs), dir, config)
     }

@@ -71,24 +71,24 @@
 //! the last segment is `Error::Corruption`, never silently cut.
 
 mod format;
-#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+#[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 mod fuzz;
 mod log;
-#[cfg(any(all(test, not(feature = "shuttle")), feature = "internals"))]
+#[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod memfs;
 mod ring;
 mod segment;
 pub(crate) mod vfs;
 mod writer;
 
-#[cfg(all(test, feature = "shuttle"))]
+#[cfg(all(test, shuttle))]
 mod shuttle_tests;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests;
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests_crash;
 
-#[cfg(feature = "internals")]
+#[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
 pub(crate) use log::Wal;
 

@@ -300,7 +300,7 @@ pub(super) fn leftover(dir: &Path, end: Lsn) -> Result<Leftover> {
     Ok(left)
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
     use crate::wal::LogOp;

@@ -1,5 +1,5 @@
 //! Node layout hot paths: search in a full 4 KiB leaf of 16-byte keys (hit and miss), and
-//! upserts into a mini-page. Run: `cargo bench --features internals --bench node`.
+//! upserts into a mini-page. Run: `cd bench/layers && cargo bench --bench node`.
 
 use std::hint::black_box;
 

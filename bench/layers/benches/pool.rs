@@ -1,7 +1,7 @@
 //! Buffer pool throughput: alloc+dealloc pairs with 1 and 2 threads (the free-list fast path
 //! must scale), and mapping-table lock+unlock.
 //!
-//! Run: `cargo bench --features internals --bench pool`
+//! Run: `cd bench/layers && cargo bench --bench pool`
 
 use std::time::{Duration, Instant};
 

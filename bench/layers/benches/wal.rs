@@ -2,7 +2,7 @@
 //! must keep fsyncs per operation below 0.6 at 4 threads), and `Buffered` append+commit and
 //! bare append. Records are a 16-byte key and a 100-byte value.
 //!
-//! Run: `cargo bench --features internals --bench wal`. The log lives under
+//! Run: `cd bench/layers && cargo bench --bench wal`. The log lives under
 //! `target/bench-data/` (or `$BFKV_BENCH_DIR`), on the same file system as the data file
 //! would be; fsyncs per operation are printed after each group (`wal-stats:` lines).
 

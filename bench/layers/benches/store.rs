@@ -4,7 +4,7 @@
 //! verified), and single-threaded `pread` (the store's pread backend, one page per call).
 //! Throughput is in pages (IOPS).
 //!
-//! Run: `cargo bench --features internals --bench store`. The file is created once under
+//! Run: `cd bench/layers && cargo bench --bench store`. The file is created once under
 //! `target/bench-data/` (or `$BFKV_BENCH_DIR`) and reused.
 //!
 //! On a shared machine the device's speed drifts within seconds, so ratios of criterion
