@@ -1,19 +1,19 @@
-//! The YCSB suite of issue 6 on bfkv: load and workloads A, B, C, E and F as
-//! `WORKLOADS.md` defines them, with uniform and Zipf 0.9 key choice, at 1 and 2 threads,
+//! The YCSB suite on bfkv: load and workloads A, B, C, E and F as
+//! `docs/workloads.md` defines them, with uniform and Zipf 0.9 key choice, at 1 and 2 threads,
 //! in four criterion groups (results and their spread: `docs/benchmarks.md`, "Criterion YCSB
 //! suite"):
 //!
 //! - `mem/v16`, `mem/v100`: `Config::in_memory()` (no files, nothing can be evicted), with a
 //!   cache of 8x the raw record bytes (at least 256 MiB) so the suite's inserts never fill it.
-//! - `disk10x/v16`, `disk10x/v100`: file-backed on io_uring with `O_DIRECT`, no log
+//! - `disk10x/v16`, `disk10x/v100`: file-backed on `io_uring` with `O_DIRECT`, no log
 //!   (`Durability::None`), cache = raw record bytes / 10 (1M 16-byte records: 3.2 MB; on
 //!   disk the leaves take ~1.6x the raw bytes, so ~16x the cache). Disk reads and writes per
 //!   operation (leaf pages, from `Tree::stats()` deltas, and 4 KiB units from
 //!   `/proc/self/io`) are printed after each benchmark.
 //!
 //! Records: 1,000,000 per dataset (`BFKV_BENCH_N`), 16-byte keys, 16-byte values (`v16`) or
-//! 100-byte values (`v100`). Everything else is `benches/ycsb/engines.rs`'s runner, the one
-//! `benches/ycsb.rs` and `examples/vs_bftree.rs` use: every value read is checked.
+//! 100-byte values (`v100`). Everything else is the shared runner of `bench/workload`, the
+//! one `benches/ycsb.rs` and the examples use: every value read is checked.
 //!
 //! **Load** (`load/1t`, `load/2t`; disk groups only the first of `BFKV_BENCH_THREADS`, as a
 //! disk load takes seconds; throughput in records per second): one criterion iteration
@@ -44,12 +44,8 @@
 //! temporary directory; it must support `O_DIRECT`, so not tmpfs). A dataset is loaded only
 //! when one of its group's benchmarks runs, so a filter skips the others' loading.
 
-// `pub`: these modules are shared with `benches/ycsb.rs` and `examples/vs_bftree.rs`; this
-// bench drives only the bfkv adapter, and the rest is used by the other includers.
-#[path = "ycsb/engines.rs"]
-pub mod engines;
-#[path = "ycsb/report.rs"]
-mod report;
+// `criterion_main!` defines an undocumented `pub fn main`.
+#![allow(missing_docs)]
 
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
@@ -58,6 +54,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bfkv::{Config, Durability, Tree};
+use bfkv_workload::engines::Bfkv;
+use bfkv_workload::report::{accumulate, env_count, or_exit, report};
 use bfkv_workload::runner::{self, BoxError, Outcome, RunSpec, Stop, Workload};
 use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, KEY_LEN, VALUE_LEN, VALUE_LEN_LARGE};
 use criterion::measurement::WallTime;
@@ -65,8 +63,6 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode,
     Throughput,
 };
-use engines::Bfkv;
-use report::{accumulate, env_count, or_exit, report};
 use tempfile::TempDir;
 
 /// Records per dataset unless `BFKV_BENCH_N` says otherwise: with it the default suite
@@ -156,11 +152,10 @@ impl Dataset {
     /// The runner's parameters for `threads` threads choosing records by `dist`.
     fn spec(&self, threads: usize, dist: Distribution, seed: u64) -> RunSpec {
         RunSpec {
-            records: self.records,
-            threads,
             dist,
             seed,
             value_len: self.value_len,
+            ..RunSpec::new(self.records, threads)
         }
     }
 
@@ -213,7 +208,7 @@ fn bench_load(
                     dataset.replace(Some(loaded));
                 }
                 elapsed
-            })
+            });
         });
         if let Some(out) = total.into_inner() {
             report(&ds.name(), "bfkv", &format!("load {t}t (all loads)"), &out);
@@ -268,7 +263,7 @@ fn bench_workloads(
                         ));
                         accumulate(&mut total.borrow_mut(), &out);
                         out.elapsed
-                    })
+                    });
                 });
                 if let Some(out) = total.into_inner() {
                     let what = format!("{dist_name} {} {t}t (all iterations)", work.name());

@@ -1,4 +1,4 @@
-//! bfkv vs Microsoft's `bf-tree` 0.5.7 on the `WORKLOADS.md` operations (16-byte keys and
+//! bfkv vs Microsoft's `bf-tree` 0.5.7 on the `docs/workloads.md` operations (16-byte keys and
 //! values, Zipf 0.9), same records, same cache size, both file-backed on direct I/O.
 //!
 //! - `fit`: the data fits in the cache (2M records, 512 MiB cache; `BFKV_BENCH_FIT_N` sets
@@ -14,10 +14,8 @@
 //! large group alone. `examples/vs_bftree.rs` gives the same comparison as one table with
 //! one process per engine.
 
-#[path = "ycsb/engines.rs"]
-mod engines;
-#[path = "ycsb/report.rs"]
-mod report;
+// `criterion_main!` defines an undocumented `pub fn main`.
+#![allow(missing_docs)]
 
 use std::cell::RefCell;
 use std::sync::atomic::AtomicU64;
@@ -25,11 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bfkv::Durability;
+use bfkv_workload::engines::{Bfkv, MsBfTree};
+use bfkv_workload::report::{accumulate, env_count, or_exit, report};
 use bfkv_workload::runner::{self, BoxError, Engine, Outcome, RunSpec, Stop, Workload};
-use bfkv_workload::{Distribution, Phase, DEFAULT_THETA, VALUE_LEN};
+use bfkv_workload::Phase;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engines::{Bfkv, MsBfTree};
-use report::{accumulate, env_count, or_exit, report};
 
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
@@ -59,13 +57,7 @@ fn compare(
         let dir = or_exit(tempfile::tempdir().map_err(Into::into));
         let engine = or_exit(open(name, dir.path(), cache));
         let next_insert = Arc::new(AtomicU64::new(records));
-        let spec = |threads| RunSpec {
-            records,
-            threads,
-            dist: Distribution::Zipf(DEFAULT_THETA),
-            seed: 42,
-            value_len: VALUE_LEN,
-        };
+        let spec = |threads| RunSpec::new(records, threads);
         let load = Workload::Phase(Phase::Load);
         let out = or_exit(runner::run(
             engine.as_ref(),
@@ -97,7 +89,7 @@ fn compare(
                         ));
                         accumulate(&mut total.borrow_mut(), &out);
                         out.elapsed
-                    })
+                    });
                 });
                 if let Some(out) = total.into_inner() {
                     let label = format!("{} {threads}t (all iterations)", w.name());

@@ -1,4 +1,4 @@
-//! Durability benchmarks (issue 5): `Sync` inserts with 1, 2 and 4 threads (ops/s and log
+//! Durability benchmarks: `Sync` inserts with 1, 2 and 4 threads (ops/s and log
 //! fsyncs per operation), `Buffered` against `None` on YCSB-A, the writers' pause during a
 //! checkpoint of a large dirty cache, and recovery time for 1M logged operations.
 //!
@@ -7,9 +7,8 @@
 //! finished by then (a round a checkpoint runs in is slower for `Buffered`); with
 //! `BFKV_CHECKPOINT_MB=N`, automatic checkpoints come every N MiB of log instead of the
 //! default 128 (24 puts one in most rounds); with `BFKV_RECORDS=N`, `ycsb` loads N records
-//! instead of WORKLOADS.md's 5,000,000 (the cache is sized to hold them; 200,000 was the
-//! default until 2026-11-23: a hot set that small makes two writers meet on the same leaves
-//! far more often).
+//! instead of docs/workloads.md's 5,000,000 (the cache is sized to hold them; a set as small
+//! as 200,000 makes two writers meet on the same leaves far more often).
 //! Files go under `target/bench-data/durability` (or `$BFKV_BENCH_DIR/durability`).
 
 use std::path::{Path, PathBuf};
@@ -25,9 +24,10 @@ use bfkv_workload::{key, value, Distribution, Op, OpGen, Phase, DEFAULT_THETA};
 const CHILD_ARG: &str = "recovery-child";
 
 fn bench_dir(name: &str) -> PathBuf {
-    let base = std::env::var_os("BFKV_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"));
+    let base = std::env::var_os("BFKV_BENCH_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"),
+        PathBuf::from,
+    );
     let dir = base.join("durability").join(name);
     // A leftover from an earlier run would be recovered instead of created.
     let _ = std::fs::remove_dir_all(&dir);
@@ -139,7 +139,7 @@ fn ycsb_a_burst(tree: &Tree, records: u64, ops: u64, threads: usize, seed: u64) 
         }
     });
     let done = (per_thread * threads as u64) as f64;
-    let cpu = (process_cpu() - cpu).as_nanos() as f64;
+    let cpu = process_cpu().checked_sub(cpu).unwrap().as_nanos() as f64;
     (done / start.elapsed().as_secs_f64(), cpu / done)
 }
 

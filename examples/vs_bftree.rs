@@ -1,5 +1,5 @@
 //! bfkv against Microsoft's `bf-tree` 0.5.7, side by side: same records, same operations,
-//! same cache size, both on direct I/O (bfkv: io_uring + `O_DIRECT`, no log; bf-tree:
+//! same cache size, both on direct I/O (bfkv: `io_uring` + `O_DIRECT`, no log; bf-tree:
 //! `IoUringBlocking`, no WAL), one process per engine and thread count.
 //!
 //! ```sh
@@ -14,9 +14,6 @@
 //! operation comes from `/proc/self/io` for both engines (4 KiB units, direct I/O counted)
 //! and, for bfkv, also from its own leaf-page counters.
 
-#[path = "../benches/ycsb/engines.rs"]
-mod engines;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::AtomicU64;
@@ -24,12 +21,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bfkv::Durability;
+use bfkv_workload::engines::{Bfkv, MsBfTree};
 use bfkv_workload::runner::{self, BoxError, Engine, RunSpec, Stop, Workload};
-use bfkv_workload::{Distribution, Phase, DEFAULT_THETA};
+use bfkv_workload::{Phase, DEFAULT_THETA};
 use clap::Parser;
-use engines::{Bfkv, MsBfTree};
 
-/// bfkv vs bf-tree 0.5.7 on the WORKLOADS.md phases.
+/// bfkv vs bf-tree 0.5.7 on the docs/workloads.md phases.
 #[derive(Parser, Debug, Clone)]
 #[command(about = "bfkv vs Microsoft's bf-tree 0.5.7, side by side", long_about = None)]
 struct Args {
@@ -149,13 +146,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
         _ => return Err("no engine".into()),
     };
     let threads = args.threads.first().copied().unwrap_or(1);
-    let spec = RunSpec {
-        records: args.records,
-        threads,
-        dist: Distribution::Zipf(DEFAULT_THETA),
-        seed: 42,
-        value_len: bfkv_workload::VALUE_LEN,
-    };
+    let spec = RunSpec::new(args.records, threads);
     let stop = match args.ops {
         Some(ops) => Stop { ops, time: None },
         None => Stop {
@@ -209,7 +200,7 @@ fn parse_rows(text: &str) -> Vec<Row> {
             let f: Vec<&str> = l.split('\t').collect();
             let num = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok());
             Some(Row {
-                name: f.first()?.to_string(),
+                name: (*f.first()?).to_string(),
                 ops_per_sec: num(1)?,
                 proc_rw: (num(2)?, num(3)?),
                 leaf_rw: (num(4)?, num(5)?),

@@ -4,25 +4,22 @@
 //! temporary directory with a 4 MiB cache, runs YCSB A, B, C, E and F (Zipf 0.9, 2 threads,
 //! 8 s each) and prints throughput, latency percentiles, the cache hit ratio and disk pages
 //! read and written per operation. `--help` lists the options; workloads and record format
-//! are those of `WORKLOADS.md` (crate `bfkv-workload`).
+//! are those of `docs/workloads.md` (crate `bfkv-workload`).
 //!
 //! Every value read back is checked against the record it belongs to, so a wrong answer
 //! fails the run instead of inflating its throughput.
 
-use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bfkv::{Config, Durability, IoBackend, Stats, Tree};
-use bfkv_workload::{decode_value, key, write_value, Distribution, Op, OpGen, Phase, KEY_LEN};
+use bfkv_workload::engines::Bfkv;
+use bfkv_workload::runner::{self, BoxError, Latency, Outcome, RunSpec, Stop, Workload};
+use bfkv_workload::{Distribution, Phase, KEY_LEN};
 use clap::{Parser, ValueEnum};
-use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
-/// Any failure of the demo, reported by `main`.
-type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// YCSB workloads against bfkv on a dataset larger than its cache.
 #[derive(Parser, Debug, Clone)]
@@ -52,8 +49,8 @@ struct Args {
     /// Cache (circular buffer) size: bytes, or with a K/M/G suffix (binary units).
     #[arg(short, long, default_value = "4M", value_parser = parse_size)]
     cache_size: usize,
-    /// When writes become durable.
-    #[arg(long, value_enum, default_value_t = DurabilityArg::None)]
+    /// When writes become durable (default: what `Config` gives a user, `buffered`).
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Buffered)]
     durability: DurabilityArg,
     /// Page-store backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
@@ -89,9 +86,9 @@ enum DurabilityArg {
 /// `--io-backend` values.
 #[derive(ValueEnum, Debug, Clone, Copy)]
 enum BackendArg {
-    /// io_uring on Linux.
+    /// `io_uring` on Linux.
     Auto,
-    /// io_uring.
+    /// `io_uring`.
     Uring,
     /// pread/pwrite.
     Pread,
@@ -142,22 +139,13 @@ fn parse_size(s: &str) -> Result<usize, String> {
 struct PhaseResult {
     /// Phase letter.
     phase: Phase,
-    /// Operations completed.
-    ops: u64,
-    /// Wall time of the phase.
-    elapsed: Duration,
-    /// Per-operation latency in nanoseconds, all threads.
-    latency: Histogram<u64>,
+    /// Operations, wall time and latency percentiles, from the runner.
+    outcome: Outcome,
     /// Counter deltas over the phase.
     stats: Stats,
 }
 
 impl PhaseResult {
-    /// Operations per second.
-    fn throughput(&self) -> f64 {
-        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-
     /// Share of lookups answered from memory, if there were any.
     fn hit_ratio(&self) -> Option<f64> {
         let total = self.stats.cache_hits + self.stats.cache_misses;
@@ -166,12 +154,18 @@ impl PhaseResult {
 
     /// A counter per operation.
     fn per_op(&self, n: u64) -> f64 {
-        n as f64 / self.ops.max(1) as f64
+        n as f64 / self.outcome.ops.max(1) as f64
     }
 
-    /// Latency at quantile `q` in microseconds.
-    fn micros(&self, q: f64) -> f64 {
-        self.latency.value_at_quantile(q) as f64 / 1e3
+    /// Latency percentiles in microseconds: median, 99th and 99.9th.
+    fn micros(&self) -> (f64, f64, f64) {
+        let l = self.outcome.latency.unwrap_or(Latency {
+            p50: 0,
+            p99: 0,
+            p999: 0,
+        });
+        let us = |ns: u64| ns as f64 / 1e3;
+        (us(l.p50), us(l.p99), us(l.p999))
     }
 }
 
@@ -189,183 +183,74 @@ fn stats_delta(before: &Stats, after: &Stats) -> Stats {
     d
 }
 
-/// Per-thread settings shared by the workers of one phase.
-struct Worker<'a> {
-    /// The tree under test.
-    tree: &'a Tree,
-    /// Key length.
-    key_size: usize,
-    /// Value length.
-    value_size: usize,
-    /// Operations completed by all threads (drives the progress bar).
-    done: &'a AtomicU64,
-    /// Set by the first thread that fails, so the others stop.
-    stop: &'a AtomicBool,
-}
-
-impl Worker<'_> {
-    /// Record `i`'s key at the configured length.
-    fn key(&self, i: u64) -> Vec<u8> {
-        let mut k = key(i).to_vec();
-        k.resize(self.key_size, 0);
-        k
-    }
-
-    /// Checks that `value` is record `i`'s; returns its version.
-    fn check(&self, i: u64, value: Option<Vec<u8>>) -> Result<u64, BoxError> {
-        let v = value.ok_or_else(|| format!("record {i} is missing"))?;
-        match decode_value(&v) {
-            Some((r, version)) if r == i && v.len() == self.value_size => Ok(version),
-            _ => Err(format!("record {i} read back a wrong value ({} bytes)", v.len()).into()),
-        }
-    }
-
-    /// Executes one operation.
-    fn run(&self, op: Op, value: &mut [u8]) -> Result<(), BoxError> {
-        match op {
-            Op::Read(i) => {
-                self.check(i, self.tree.get(self.key(i))?)?;
-            }
-            Op::Update { record, version } => {
-                write_value(value, record, version);
-                self.tree.insert(self.key(record), &*value)?;
-            }
-            Op::Insert(i) => {
-                write_value(value, i, 0);
-                self.tree.insert(self.key(i), &*value)?;
-            }
-            Op::Scan { start, len } => {
-                let mut seen = 0;
-                for kv in self.tree.range(self.key(start)..).take(len) {
-                    let (_, v) = kv?;
-                    decode_value(&v).ok_or("scan returned a malformed value")?;
-                    seen += 1;
-                }
-                if seen == 0 {
-                    return Err(format!("scan from record {start} returned nothing").into());
-                }
-            }
-            Op::ReadModifyWrite(i) => {
-                let version = self.check(i, self.tree.get(self.key(i))?)?;
-                write_value(value, i, version + 1);
-                self.tree.insert(self.key(i), &*value)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs `ops` until it ends, `deadline` passes, or `budget` operations are done.
-    fn drive(
-        &self,
-        ops: OpGen,
-        deadline: Option<Instant>,
-        budget: u64,
-    ) -> Result<(u64, Histogram<u64>, Instant), BoxError> {
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-        let mut value = vec![0u8; self.value_size];
-        let mut count = 0;
-        for op in ops.take(budget as usize) {
-            let t0 = Instant::now();
-            if let Err(e) = self.run(op, &mut value) {
-                self.stop.store(true, Ordering::Relaxed);
-                return Err(e);
-            }
-            let t1 = Instant::now();
-            hist.saturating_record((t1 - t0).as_nanos() as u64);
-            count += 1;
-            // Publishing every op would make the counter a shared hot line.
-            if count % 256 == 0 {
-                self.done.fetch_add(256, Ordering::Relaxed);
-                if deadline.is_some_and(|d| t1 >= d) || self.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-            }
-        }
-        self.done.fetch_add(count % 256, Ordering::Relaxed);
-        Ok((count, hist, Instant::now()))
-    }
-}
-
-/// Runs one phase on `threads` threads and returns what it measured.
+/// Runs one phase through the shared runner and returns what it measured.
 fn run_phase(
-    tree: &Tree,
+    engine: &Bfkv,
     args: &Args,
     phase: Phase,
     next_insert: &Arc<AtomicU64>,
 ) -> Result<PhaseResult, BoxError> {
-    let threads = args.threads.max(1);
-    let done = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    let worker = Worker {
-        tree,
-        key_size: args.key_size,
-        value_size: args.value_size,
-        done: &done,
-        stop: &stop,
+    let spec = RunSpec {
+        dist: args.distribution,
+        seed: args.seed,
+        value_len: args.value_size,
+        key_len: args.key_size,
+        timed: true,
+        ..RunSpec::new(args.records, args.threads.max(1))
     };
-    let (deadline_len, budget, bar_len) = match (phase, args.ops) {
-        (Phase::Load, _) => (None, u64::MAX, args.records),
-        (_, Some(n)) => (None, n.div_ceil(threads as u64), n),
+    let (stop, bar_len, timed_bar) = match (phase, args.ops) {
+        (Phase::Load, _) => (
+            Stop {
+                ops: u64::MAX,
+                time: None,
+            },
+            args.records,
+            false,
+        ),
+        (_, Some(n)) => (Stop { ops: n, time: None }, n, false),
         (_, None) => {
             let d = Duration::from_secs_f64(args.duration.max(0.1));
-            (Some(d), u64::MAX, d.as_millis() as u64)
+            let stop = Stop {
+                ops: u64::MAX,
+                time: Some(d),
+            };
+            (stop, d.as_millis() as u64, true)
         }
     };
     let bar = progress_bar(phase, bar_len, args.json);
-    let before = tree.stats();
+    let done = AtomicU64::new(0);
+    let before = engine.0.stats();
     let start = Instant::now();
-    let deadline = deadline_len.map(|d| start + d);
-    let results = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let gen = OpGen::new(
-                    phase,
-                    args.records,
-                    args.distribution,
-                    args.seed,
-                    t,
-                    threads,
-                    next_insert.clone(),
-                );
-                let worker = &worker;
-                s.spawn(move || match gen {
-                    Some(gen) => worker.drive(gen, deadline, budget),
-                    None => Err("no records to choose from".into()),
-                })
-            })
-            .collect();
-        while !handles.iter().all(|h| h.is_finished()) {
+    let outcome = std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            runner::run_with_progress(
+                engine,
+                Workload::Phase(phase),
+                spec,
+                stop,
+                next_insert,
+                &done,
+            )
+        });
+        while !runner.is_finished() {
             std::thread::sleep(Duration::from_millis(100));
-            let pos = match deadline_len {
-                Some(_) => start.elapsed().as_millis() as u64,
-                None => done.load(Ordering::Relaxed),
+            let pos = if timed_bar {
+                start.elapsed().as_millis() as u64
+            } else {
+                done.load(Ordering::Relaxed)
             };
             bar.set_position(pos.min(bar_len));
             bar.set_message(format!("{} ops", done.load(Ordering::Relaxed)));
         }
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
-            .collect::<Vec<_>>()
+        runner
+            .join()
+            .unwrap_or_else(|_| Err("the runner panicked".into()))
     });
     bar.finish_and_clear();
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let mut ops = 0;
-    // The phase ends when its last worker does, not when the progress loop notices.
-    let mut end = start;
-    for r in results {
-        let (n, h, finished) = r?;
-        ops += n;
-        latency.add(h)?;
-        end = end.max(finished);
-    }
-    let elapsed = end - start;
     Ok(PhaseResult {
         phase,
-        ops,
-        elapsed,
-        latency,
-        stats: stats_delta(&before, &tree.stats()),
+        outcome: outcome?,
+        stats: stats_delta(&before, &engine.0.stats()),
     })
 }
 
@@ -389,15 +274,13 @@ fn progress_bar(phase: Phase, len: u64, hidden: bool) -> ProgressBar {
 
 /// Total size of the regular files directly in `dir`.
 fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok()?.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| m.len())
+            .sum()
+    })
 }
 
 /// Peak resident set of this process in bytes (Linux; 0 elsewhere).
@@ -426,14 +309,15 @@ fn print_table(results: &[PhaseResult]) {
         let hit = r
             .hit_ratio()
             .map_or("-".into(), |h| format!("{:.1}", h * 100.0));
+        let (p50, p99, p999) = r.micros();
         println!(
             "{:<7} {:>10} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>8.3} {:>8.3}",
             name,
-            r.ops,
-            r.throughput(),
-            r.micros(0.5),
-            r.micros(0.99),
-            r.micros(0.999),
+            r.outcome.ops,
+            r.outcome.ops_per_sec(),
+            p50,
+            p99,
+            p999,
             hit,
             r.per_op(r.stats.pages_read),
             r.per_op(r.stats.pages_written),
@@ -443,13 +327,14 @@ fn print_table(results: &[PhaseResult]) {
 
 /// Prints the results as one JSON object.
 fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
-    let dist = match args.distribution {
+    let distribution = match args.distribution {
         Distribution::Uniform => "\"uniform\"".to_string(),
         Distribution::Zipf(t) => format!("\"zipf:{t}\""),
     };
     let phases: Vec<String> = results
         .iter()
         .map(|r| {
+            let (p50, p99, p999) = r.micros();
             format!(
                 concat!(
                     "{{\"phase\":\"{}\",\"ops\":{},\"seconds\":{:.3},\"ops_per_sec\":{:.1},",
@@ -458,12 +343,12 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
                     "\"evictions\":{},\"merges\":{},\"promotions\":{},\"splits\":{}}}"
                 ),
                 r.phase.letter(),
-                r.ops,
-                r.elapsed.as_secs_f64(),
-                r.throughput(),
-                r.micros(0.5),
-                r.micros(0.99),
-                r.micros(0.999),
+                r.outcome.ops,
+                r.outcome.elapsed.as_secs_f64(),
+                r.outcome.ops_per_sec(),
+                p50,
+                p99,
+                p999,
                 r.hit_ratio().map_or("null".into(), |h| format!("{h:.4}")),
                 r.per_op(r.stats.pages_read),
                 r.per_op(r.stats.pages_written),
@@ -484,7 +369,7 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
         args.records,
         args.key_size,
         args.value_size,
-        dist,
+        distribution,
         args.threads,
         args.cache_size,
         args.durability,
@@ -501,12 +386,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
         return Err("--key-size must be >= 8 and --value-size >= 16".into());
     }
     let temp;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            temp = tempfile::tempdir()?;
-            temp.path().to_path_buf()
-        }
+    let dir = if let Some(d) = &args.dir {
+        d.clone()
+    } else {
+        temp = tempfile::tempdir()?;
+        temp.path().to_path_buf()
     };
     let durability = match args.durability {
         DurabilityArg::None => Durability::None,
@@ -522,27 +406,27 @@ fn run(args: &Args) -> Result<(), BoxError> {
         .cache_size(args.cache_size)
         .durability(durability)
         .io_backend(backend);
-    let tree = Tree::open(config)?;
+    let engine = Bfkv(Tree::open(config)?);
     let raw = args.records * (args.key_size + args.value_size) as u64;
     eprintln!(
         "bfkv YCSB: {} records ({} B keys, {} B values, {:.0} MiB raw), cache {:.1} MiB, {} threads, {:?}, durability {:?}, in {}",
         args.records,
         args.key_size,
         args.value_size,
-        raw as f64 / (1 << 20) as f64,
-        args.cache_size as f64 / (1 << 20) as f64,
+        raw as f64 / f64::from(1 << 20),
+        args.cache_size as f64 / f64::from(1 << 20),
         args.threads,
         args.distribution,
         args.durability,
         dir.display()
     );
     let next_insert = Arc::new(AtomicU64::new(args.records));
-    let mut results = vec![run_phase(&tree, args, Phase::Load, &next_insert)?];
+    let mut results = vec![run_phase(&engine, args, Phase::Load, &next_insert)?];
     let after_load = dir_bytes(&dir);
     for &phase in &args.workloads {
-        results.push(run_phase(&tree, args, phase, &next_insert)?);
+        results.push(run_phase(&engine, args, phase, &next_insert)?);
     }
-    tree.close()?;
+    engine.0.close()?;
     let at_end = dir_bytes(&dir);
     if args.json {
         print_json(args, &results, (after_load, at_end));
@@ -550,9 +434,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
         print_table(&results);
         println!(
             "disk: {:.1} MiB after load, {:.1} MiB at end; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
-            after_load as f64 / (1 << 20) as f64,
-            at_end as f64 / (1 << 20) as f64,
-            peak_rss() as f64 / (1 << 20) as f64,
+            after_load as f64 / f64::from(1 << 20),
+            at_end as f64 / f64::from(1 << 20),
+            peak_rss() as f64 / f64::from(1 << 20),
         );
     }
     Ok(())

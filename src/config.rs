@@ -6,17 +6,28 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 /// Smallest leaf page size accepted (bytes).
-pub const MIN_PAGE_SIZE: usize = 4 << 10;
+pub(crate) const MIN_PAGE_SIZE: usize = 4 << 10;
 /// Largest leaf page size accepted (bytes).
-pub const MAX_PAGE_SIZE: usize = 64 << 10;
+pub(crate) const MAX_PAGE_SIZE: usize = 64 << 10;
 /// Default leaf page size (bytes), the paper's and the SSD's natural unit.
-pub const DEFAULT_PAGE_SIZE: usize = 4 << 10;
+pub(crate) const DEFAULT_PAGE_SIZE: usize = 4 << 10;
 /// Default size of the `Buffered` log's staging ring (bytes; see [`Config::log_staging_size`]).
-pub const DEFAULT_LOG_STAGING_SIZE: usize = 8 << 20;
+pub(crate) const DEFAULT_LOG_STAGING_SIZE: usize = 8 << 20;
 /// Default circular-buffer size (bytes).
-pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+pub(crate) const DEFAULT_CACHE_SIZE: usize = 64 << 20;
 
 /// When a write is durable. See [`Config::durability`].
+///
+/// ```
+/// use bfkv::{Config, Durability, Tree};
+/// // The default survives a crash of the process, not a power cut between syncs.
+/// assert_eq!(Durability::default(), Durability::Buffered);
+/// let dir = tempfile::tempdir()?;
+/// let tree = Tree::open(Config::new(dir.path()).durability(Durability::None))?;
+/// tree.insert(b"k", b"v")?;
+/// tree.flush()?; // without a log, durable from here on
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
     /// A write returns after its log record is on stable storage (`fdatasync`); concurrent
@@ -38,13 +49,17 @@ pub enum Durability {
 }
 
 /// Which page-store backend a file-backed tree uses.
+///
+/// ```
+/// assert_eq!(bfkv::IoBackend::default(), bfkv::IoBackend::Auto);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum IoBackend {
-    /// io_uring on Linux, positional I/O elsewhere.
+    /// `io_uring` on Linux, positional I/O elsewhere.
     #[default]
     Auto,
-    /// io_uring (Linux only; opening fails with `InvalidConfig` elsewhere).
+    /// `io_uring` (Linux only; opening fails with `InvalidConfig` elsewhere).
     IoUring,
     /// Portable `pread`/`pwrite`, with `O_DIRECT` where the OS has it.
     Pread,
@@ -78,6 +93,17 @@ pub struct Config {
 
 impl Config {
     /// A tree stored in directory `dir` (created if absent), with default settings.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.close()?;
+    /// // The directory now holds the tree; opening it again finds the record.
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// assert_eq!(tree.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(dir: impl AsRef<Path>) -> Self {
         Config {
             dir: Some(dir.as_ref().to_path_buf()),
@@ -87,6 +113,13 @@ impl Config {
 
     /// A tree with no files: the cache is the whole store, and writes beyond it fail with
     /// [`Error::CacheFull`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().cache_size(8 << 20))?;
+    /// tree.insert(b"k", b"v")?;
+    /// assert_eq!(tree.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
     pub fn in_memory() -> Self {
         Config {
             dir: None,
@@ -107,6 +140,12 @@ impl Config {
     }
 
     /// Bytes of memory for mini-pages (the circular buffer). Default 64 MiB.
+    ///
+    /// ```
+    /// let config = bfkv::Config::in_memory().cache_size(256 << 20);
+    /// assert_eq!(config.get_cache_size(), 256 << 20);
+    /// ```
+    #[must_use]
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
         self
@@ -114,18 +153,43 @@ impl Config {
 
     /// Leaf page size: a power of two from 4 KiB to 64 KiB. Default 4 KiB. Fixed when the
     /// directory is created. Key and value limits follow from it (see [`Limits`]).
+    ///
+    /// ```
+    /// let config = bfkv::Config::in_memory().page_size(16 << 10);
+    /// assert_eq!(config.limits().max_key_len, 4096);
+    /// assert!(bfkv::Config::in_memory().page_size(5000).validate().is_err());
+    /// ```
+    #[must_use]
     pub fn page_size(mut self, bytes: usize) -> Self {
         self.page_size = bytes;
         self
     }
 
     /// When writes become durable. Default [`Durability::Buffered`].
+    ///
+    /// ```
+    /// use bfkv::{Config, Durability, Tree};
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = Tree::open(Config::new(dir.path()).durability(Durability::Sync))?;
+    /// tree.insert(b"order/1", b"paid")?; // on stable storage when this returns
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
     }
 
     /// Which I/O backend a file-backed tree uses. Default [`IoBackend::Auto`].
+    ///
+    /// ```
+    /// use bfkv::{Config, IoBackend, Tree};
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = Tree::open(Config::new(dir.path()).io_backend(IoBackend::Pread))?;
+    /// tree.insert(b"k", b"v")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
     pub fn io_backend(mut self, backend: IoBackend) -> Self {
         self.io_backend = backend;
         self
@@ -133,6 +197,12 @@ impl Config {
 
     /// Share of the circular buffer, in percent (0 to 100), nearest the head where a touched
     /// mini-page is copied to the tail instead of being updated in place. Default 10.
+    ///
+    /// ```
+    /// assert!(bfkv::Config::in_memory().second_chance_percent(50).validate().is_ok());
+    /// assert!(bfkv::Config::in_memory().second_chance_percent(101).validate().is_err());
+    /// ```
+    #[must_use]
     pub fn second_chance_percent(mut self, percent: u8) -> Self {
         self.second_chance_percent = percent;
         self
@@ -148,6 +218,13 @@ impl Config {
     /// many page reads and writes in all right after a load and on uniform keys, and 20-25 %
     /// fewer reads once Zipf lookups had warmed the cache for 8 s, with 20-35 % more lookups
     /// a second (docs/benchmarks.md, "Promotion").
+    ///
+    /// ```
+    /// // Cache every record read from disk (the most memory for reads, the fewest disk reads).
+    /// assert!(bfkv::Config::in_memory().promotion_percent(100).validate().is_ok());
+    /// assert!(bfkv::Config::in_memory().promotion_percent(101).validate().is_err());
+    /// ```
+    #[must_use]
     pub fn promotion_percent(mut self, percent: u8) -> Self {
         self.promotion_percent = percent;
         self
@@ -157,6 +234,12 @@ impl Config {
     /// Default: the page size. (The paper uses 2 KiB; here a load of 5M 16-byte records into
     /// a 32 MiB cache did 7-8 % fewer page reads and writes per insert and ran 12 % faster with
     /// 4 KiB than with 2 KiB pages of buffered writes, and lookups were no worse.)
+    ///
+    /// ```
+    /// let config = bfkv::Config::in_memory().merge_threshold(2048);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
     pub fn merge_threshold(mut self, bytes: usize) -> Self {
         self.merge_threshold = Some(bytes);
         self
@@ -172,6 +255,13 @@ impl Config {
     /// eviction happen in the thread that needs the room. File-backed trees only.
     /// [`Stats::foreground_evictions`](crate::Stats::foreground_evictions) counts the
     /// evictions the evictors left to the operations themselves.
+    ///
+    /// ```
+    /// // Writers evict for themselves: no background threads.
+    /// let config = bfkv::Config::in_memory().evictor_threads(0);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
     pub fn evictor_threads(mut self, threads: usize) -> Self {
         self.evictor_threads = threads;
         self
@@ -192,6 +282,7 @@ impl Config {
     /// let config = bfkv::Config::new("db").idle_write_back(Some(Duration::from_millis(200)));
     /// # let _ = config;
     /// ```
+    #[must_use]
     pub fn idle_write_back(mut self, after: Option<Duration>) -> Self {
         self.idle_write_back = after;
         self
@@ -199,6 +290,13 @@ impl Config {
 
     /// How often the log is synced in the background under [`Durability::Buffered`].
     /// Default 5 ms: the most a machine crash can lose.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let config = bfkv::Config::in_memory().flush_interval(Duration::from_millis(1));
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
     pub fn flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = interval;
         self
@@ -206,6 +304,13 @@ impl Config {
 
     /// Log bytes written since the last checkpoint that trigger a new one in the background,
     /// bounding the log's size and recovery time. Default 128 MiB.
+    ///
+    /// ```
+    /// // Checkpoint once 64 MiB of log has accumulated: faster recovery, more page writes.
+    /// let config = bfkv::Config::in_memory().checkpoint_log_bytes(64 << 20);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
     pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Self {
         self.checkpoint_log_bytes = bytes;
         self
@@ -223,6 +328,7 @@ impl Config {
     /// assert!(config.validate().is_ok());
     /// assert!(bfkv::Config::new("db").log_staging_size(1000).validate().is_err());
     /// ```
+    #[must_use]
     pub fn log_staging_size(mut self, bytes: usize) -> Self {
         self.log_staging_size = bytes;
         self
@@ -230,23 +336,44 @@ impl Config {
 
     /// Size of each write-ahead log segment file (4 KiB to 4 GiB). Default 64 MiB. Hidden:
     /// the damaged-file tests and benchmarks use small segments to have many of them.
+    ///
+    /// ```
+    /// let config = bfkv::Config::in_memory().log_segment_size(16 << 20);
+    /// assert!(config.validate().is_ok());
+    /// ```
     #[doc(hidden)]
+    #[must_use]
     pub fn log_segment_size(mut self, bytes: u64) -> Self {
         self.log_segment_size = bytes;
         self
     }
 
     /// The configured cache size in bytes.
+    ///
+    /// ```
+    /// assert_eq!(bfkv::Config::in_memory().cache_size(1 << 20).get_cache_size(), 1 << 20);
+    /// ```
     pub fn get_cache_size(&self) -> usize {
         self.cache_size
     }
 
     /// The configured directory, or `None` for an in-memory tree.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// assert_eq!(bfkv::Config::new("db").get_dir(), Some(Path::new("db")));
+    /// assert_eq!(bfkv::Config::in_memory().get_dir(), None);
+    /// ```
     pub fn get_dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
     /// The key and value limits that follow from the page size.
+    ///
+    /// ```
+    /// let limits = bfkv::Config::in_memory().limits();
+    /// assert_eq!((limits.max_key_len, limits.max_record_len), (1024, 2048));
+    /// ```
     pub fn limits(&self) -> Limits {
         Limits::for_page_size(self.page_size)
     }
@@ -255,6 +382,11 @@ impl Config {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the first bad setting.
+    ///
+    /// ```
+    /// let err = bfkv::Config::in_memory().cache_size(0).validate().unwrap_err();
+    /// assert!(matches!(err, bfkv::Error::InvalidConfig { .. }));
+    /// ```
     pub fn validate(&self) -> Result<()> {
         let bad = |reason| Err(Error::InvalidConfig { reason });
         if !self.page_size.is_power_of_two()
@@ -316,6 +448,11 @@ pub struct Limits {
 
 impl Limits {
     /// The limits for leaf pages of `page_size` bytes.
+    ///
+    /// ```
+    /// let limits = bfkv::Limits::for_page_size(64 << 10);
+    /// assert_eq!((limits.max_key_len, limits.max_record_len), (8191, 32767));
+    /// ```
     pub fn for_page_size(page_size: usize) -> Limits {
         Limits {
             max_key_len: (page_size / 4).min(8191),
@@ -328,6 +465,15 @@ impl Limits {
     /// # Errors
     /// [`Error::KeyTooLarge`] or [`Error::ValueTooLarge`] (whose limit is what remains of
     /// the record limit after this key).
+    ///
+    /// ```
+    /// let limits = bfkv::Limits::for_page_size(4096);
+    /// assert!(limits.check(&[0; 1024], &[0; 1024]).is_ok());
+    /// assert!(matches!(
+    ///     limits.check(&[0; 1025], b""),
+    ///     Err(bfkv::Error::KeyTooLarge { len: 1025, limit: 1024 })
+    /// ));
+    /// ```
     pub fn check(&self, key: &[u8], value: &[u8]) -> Result<()> {
         if key.len() > self.max_key_len {
             return Err(Error::KeyTooLarge {

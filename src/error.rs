@@ -13,6 +13,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What went wrong.
 ///
 /// The enum is `#[non_exhaustive]`: match the variants you handle and keep a `_` arm.
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// match tree.insert(vec![0u8; 5000], b"v") {
+///     Err(bfkv::Error::KeyTooLarge { len, limit }) => assert!(len > limit),
+///     other => panic!("expected KeyTooLarge, got {other:?}"),
+/// }
+/// # Ok::<(), bfkv::Error>(())
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

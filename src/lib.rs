@@ -10,8 +10,11 @@
 //! the buffer pool (`pool`), the page layout shared by every node (`node`), and the page
 //! store (`store`), the only code that touches a data file. `docs/ARCHITECTURE.md` explains
 //! each layer and its invariants.
-#![deny(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
+
+// Page offsets, log positions and counts are `u64` on disk and `usize` in memory; the casts
+// between them are lossless only where `usize` is 64 bits wide (see `[lints]` in Cargo.toml).
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("bfkv supports 64-bit targets only");
 
 mod config;
 mod error;
@@ -325,3 +328,8 @@ pub mod internals {
         crate::wal::decode_check(data);
     }
 }
+
+/// The README's example, compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -119,7 +119,7 @@ fn parse_key(k: &[u8]) -> Option<Kind> {
 }
 
 impl Shared {
-    fn slot(&self, i: usize, t: usize) -> usize {
+    fn slot(i: usize, t: usize) -> usize {
         i * THREADS + t
     }
 
@@ -129,11 +129,11 @@ impl Shared {
             == 0
     }
 
-    fn stable_value(&self, i: usize) -> Vec<u8> {
+    fn stable_value(i: usize) -> Vec<u8> {
         make_value(&stable_key(i), b's', 0, i as u64, i % 150)
     }
 
-    fn owned_value(&self, i: usize, t: usize, version: u64) -> Vec<u8> {
+    fn owned_value(i: usize, t: usize, version: u64) -> Vec<u8> {
         let filler = (mix(version ^ i as u64) % 120) as usize;
         make_value(&owned_key(i, t), b'o', t as u8, version, filler)
     }
@@ -149,28 +149,25 @@ impl Shared {
     ) -> Result<(), String> {
         let (lo, hi) = window;
         let key = owned_key(i, t);
-        match seen {
-            Some(v) => {
-                let (tag, writer, version) = read_value(&key, v)?;
-                if tag != b'o' || usize::from(writer) != t {
-                    return Err(format!("owned key {i}/{t} holds tag {tag} by {writer}"));
-                }
-                if version < lo || version > hi || version == 0 || self.is_remove(i, t, version) {
-                    return Err(format!(
-                        "owned key {i}/{t}: saw version {version}, allowed {lo}..={hi} (lost update)"
-                    ));
-                }
-                if v != self.owned_value(i, t, version).as_slice() {
-                    return Err(format!("owned key {i}/{t}: version {version} bytes differ"));
-                }
+        if let Some(v) = seen {
+            let (tag, writer, version) = read_value(&key, v)?;
+            if tag != b'o' || usize::from(writer) != t {
+                return Err(format!("owned key {i}/{t} holds tag {tag} by {writer}"));
             }
-            None => {
-                let absent_ok = lo == 0 || (lo..=hi).any(|v| v > 0 && self.is_remove(i, t, v));
-                if !absent_ok {
-                    return Err(format!(
-                        "owned key {i}/{t}: absent, but every write in {lo}..={hi} inserted it"
-                    ));
-                }
+            if version < lo || version > hi || version == 0 || self.is_remove(i, t, version) {
+                return Err(format!(
+                    "owned key {i}/{t}: saw version {version}, allowed {lo}..={hi} (lost update)"
+                ));
+            }
+            if v != Shared::owned_value(i, t, version).as_slice() {
+                return Err(format!("owned key {i}/{t}: version {version} bytes differ"));
+            }
+        } else {
+            let absent_ok = lo == 0 || (lo..=hi).any(|v| v > 0 && self.is_remove(i, t, v));
+            if !absent_ok {
+                return Err(format!(
+                    "owned key {i}/{t}: absent, but every write in {lo}..={hi} inserted it"
+                ));
             }
         }
         Ok(())
@@ -200,7 +197,7 @@ fn checked_scan(tree: &Tree, sh: &Shared, rng: &mut StdRng) -> Result<usize, Str
     let last = if hi_key == b"n" { sh.prefixes } else { b };
     let windows_before: Vec<u64> = (first..last)
         .flat_map(|i| (0..THREADS).map(move |t| (i, t)))
-        .map(|(i, t)| sh.acked[sh.slot(i, t)].load(Ordering::SeqCst))
+        .map(|(i, t)| sh.acked[Shared::slot(i, t)].load(Ordering::SeqCst))
         .collect();
     let reverse = rng.gen_bool(0.5);
     let iter = tree.range::<Vec<u8>, _>((lower, upper));
@@ -212,7 +209,7 @@ fn checked_scan(tree: &Tree, sh: &Shared, rng: &mut StdRng) -> Result<usize, Str
     .map_err(|e| format!("scan error: {e}"))?;
     let windows_after: Vec<u64> = (first..last)
         .flat_map(|i| (0..THREADS).map(move |t| (i, t)))
-        .map(|(i, t)| sh.started[sh.slot(i, t)].load(Ordering::SeqCst))
+        .map(|(i, t)| sh.started[Shared::slot(i, t)].load(Ordering::SeqCst))
         .collect();
     let dir = if reverse { "descending" } else { "ascending" };
     for w in items.windows(2) {
@@ -236,7 +233,7 @@ fn checked_scan(tree: &Tree, sh: &Shared, rng: &mut StdRng) -> Result<usize, Str
         let ks = String::from_utf8_lossy(k);
         match parse_key(k) {
             Some(Kind::Stable(i)) if (first..last).contains(&i) => {
-                if v != &sh.stable_value(i) {
+                if v != &Shared::stable_value(i) {
                     return Err(format!("{dir} scan: stable key {ks} has a wrong value"));
                 }
                 stable_seen[i - first] = true;
@@ -327,13 +324,13 @@ fn worker(tree: &Tree, sh: &Shared, t: usize, ops: usize) -> Result<(usize, usiz
                 // A write to this thread's own key, with the next version.
                 let v = next_version[i];
                 next_version[i] += 1;
-                let slot = sh.slot(i, t);
+                let slot = Shared::slot(i, t);
                 sh.started[slot].store(v, Ordering::SeqCst);
                 let key = owned_key(i, t);
                 let r = if sh.is_remove(i, t, v) {
                     tree.remove(&key)
                 } else {
-                    tree.insert(&key, sh.owned_value(i, t, v))
+                    tree.insert(&key, Shared::owned_value(i, t, v))
                 };
                 r.map_err(|e| ctx(format!("write: {e}")))?;
                 sh.acked[slot].store(v, Ordering::SeqCst);
@@ -351,7 +348,7 @@ fn worker(tree: &Tree, sh: &Shared, t: usize, ops: usize) -> Result<(usize, usiz
             55..=84 => {
                 // Read someone's owned key (often another thread's).
                 let o = rng.gen_range(0..THREADS);
-                let slot = sh.slot(i, o);
+                let slot = Shared::slot(i, o);
                 let lo = sh.acked[slot].load(Ordering::SeqCst);
                 let got = tree
                     .get(owned_key(i, o))
@@ -362,7 +359,7 @@ fn worker(tree: &Tree, sh: &Shared, t: usize, ops: usize) -> Result<(usize, usiz
             }
             85..=92 => {
                 let got = tree.get(stable_key(i)).map_err(|e| ctx(format!("{e}")))?;
-                if got.as_deref() != Some(sh.stable_value(i).as_slice()) {
+                if got.as_deref() != Some(Shared::stable_value(i).as_slice()) {
                     return Err(ctx(format!(
                         "stable key {i}: got {:?} bytes",
                         got.map(|v| v.len())
@@ -394,7 +391,7 @@ fn run(config: Config, seed: u64, prefixes: usize, ops: usize, reopen: bool) -> 
         acked: (0..prefixes * THREADS).map(|_| AtomicU64::new(0)).collect(),
     };
     for i in 0..prefixes {
-        tree.insert(stable_key(i), sh.stable_value(i))
+        tree.insert(stable_key(i), Shared::stable_value(i))
             .unwrap_or_else(|e| panic!("seed {seed}: stable insert {i}: {e}"));
     }
     let results: Vec<Result<(usize, usize), String>> = std::thread::scope(|s| {
@@ -423,11 +420,11 @@ fn run(config: Config, seed: u64, prefixes: usize, ops: usize, reopen: bool) -> 
             .unwrap_or_else(|e| panic!("seed {seed} {when}: iter: {e}"));
         let mut expected = Vec::new();
         for i in 0..prefixes {
-            expected.push((stable_key(i), sh.stable_value(i)));
+            expected.push((stable_key(i), Shared::stable_value(i)));
             for t in 0..THREADS {
-                let v = sh.acked[sh.slot(i, t)].load(Ordering::SeqCst);
+                let v = sh.acked[Shared::slot(i, t)].load(Ordering::SeqCst);
                 if v > 0 && !sh.is_remove(i, t, v) {
-                    expected.push((owned_key(i, t), sh.owned_value(i, t, v)));
+                    expected.push((owned_key(i, t), Shared::owned_value(i, t, v)));
                 }
             }
         }

@@ -206,7 +206,7 @@ fn read_back(dir: &Path, what: &str) -> Outcome {
     };
     let mut seen = BTreeMap::new();
     let mut corrupt = 0;
-    for item in tree.iter() {
+    for item in &tree {
         match item {
             Ok((k, v)) => {
                 if let Some((last, _)) = seen.last_key_value() {
@@ -269,7 +269,7 @@ fn expect_full_or_corrupt(model: &Model, outcome: Outcome, what: &str) -> bool {
 /// Checks damage to the log: the tree is a prefix of the history of at least `min` operations.
 fn expect_prefix(model: &Model, outcome: Outcome, min: usize, what: &str) {
     match outcome {
-        Outcome::OpenCorrupt(file) => panic!("{what}: open said {file:?} is corrupt"),
+        Outcome::OpenCorrupt(file) => panic!("{what}: open said {} is corrupt", file.display()),
         Outcome::Read(seen, gets, corrupt) => {
             assert_eq!(corrupt, 0, "{what}: reads failed with Corruption");
             for (k, v) in &gets {

@@ -112,7 +112,7 @@ fn run_cycles(mode: &str) {
         "kill_9_loses_no_acknowledged_write_{}",
         mode.replace('-', "_")
     );
-    let mut rng = StdRng::seed_from_u64(0xC0FFEE ^ mode.len() as u64);
+    let mut rng = StdRng::seed_from_u64(0x00C0_FFEE ^ mode.len() as u64);
     let mut acknowledged_total = 0u64;
     for cycle in 0..CYCLES {
         let mut child = Command::new(&exe)
@@ -167,7 +167,9 @@ fn run_cycles(mode: &str) {
                 }
                 Ok(line) => pending = parse(&line),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(_) => panic!("{mode} cycle {cycle}: child exited early"),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("{mode} cycle {cycle}: child exited early")
+                }
             }
         }
         child.kill().expect("kill -9"); // SIGKILL on Unix

@@ -209,17 +209,16 @@ impl<'a> NodeRef<'a> {
     #[inline]
     pub(super) fn strip_prefix<'k>(&self, key: &'k [u8]) -> Result<&'k [u8], Search> {
         let prefix = self.prefix();
-        match key.strip_prefix(prefix) {
-            Some(suffix) => Ok(suffix),
-            None => {
-                let n = key.len().min(prefix.len());
-                // Unequal on the common length decides; equal means key is a proper prefix
-                // of the prefix, hence smaller than every record.
-                if key[..n] > prefix[..n] {
-                    Err(Search::NotFound(self.len()))
-                } else {
-                    Err(Search::NotFound(0))
-                }
+        if let Some(suffix) = key.strip_prefix(prefix) {
+            Ok(suffix)
+        } else {
+            let n = key.len().min(prefix.len());
+            // Unequal on the common length decides; equal means key is a proper prefix
+            // of the prefix, hence smaller than every record.
+            if key[..n] > prefix[..n] {
+                Err(Search::NotFound(self.len()))
+            } else {
+                Err(Search::NotFound(0))
             }
         }
     }

@@ -511,7 +511,7 @@ fn decode_check_accepts_built_nodes() {
 #[test]
 fn decode_check_survives_mutated_nodes() {
     use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6e6f6465);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6e6f_6465);
     for _ in 0..3000 {
         let len = rng.gen_range(1..2000);
         let mut data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();

@@ -1,4 +1,4 @@
-//! Unit tests of split_records, build, shortest_separator and inner-node routing.
+//! Unit tests of `split_records`, build, `shortest_separator` and inner-node routing.
 
 use super::*;
 use crate::Limits;

@@ -53,6 +53,21 @@ enum Outcome {
     Passed,
     /// A live block written out and detached by the callback.
     Evicted,
+    /// A live block the callback could not write out now and left in place.
+    Kept,
+}
+
+/// What [`BufferPool::evict_one`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Evicted {
+    /// Evicted a block, or passed dead ones.
+    Progress,
+    /// Nothing to evict.
+    Nothing,
+    /// The block at the head could not be written out now (its callback left it attached);
+    /// it stays live and a later call retries it.
+    Busy,
 }
 
 impl Evictor {
@@ -111,26 +126,32 @@ impl EvictGuard<'_, '_> {
     }
 }
 
-/// The callback type of [`BufferPool::evict_one`].
+/// The callback type of [`BufferPool::evict_one`]: writes the block out and detaches it
+/// (`Ok` after `set_location_disk`), leaves it attached because it cannot now (`Ok` without:
+/// [`Evicted::Busy`]), or fails.
 pub(crate) type EvictFn<'c> = dyn FnMut(&mut EvictGuard<'_, '_>, &[u8]) -> Result<()> + 'c;
 
 impl BufferPool {
     /// Makes room from the head: passes tombstones and free-listed blocks (taking the latter
     /// off their lists first) and evicts at most one live block: locks its owner page for
     /// writing (blocking), checks the entry still maps the block, and calls
-    /// `cb(&mut guard, bytes)`, which writes the bytes out and must call
-    /// `guard.set_location_disk(n)`. If `cb` fails, the block stays live and intact, the error
-    /// is returned, and a later call retries it. Several threads may evict at once.
+    /// `cb(&mut guard, bytes)`, which writes the bytes out and calls
+    /// `guard.set_location_disk(n)`. If `cb` fails, or returns without detaching the block,
+    /// the block stays live and intact, and a later call retries it. Several threads may
+    /// evict at once.
     ///
-    /// Returns `Ok(true)` if anything was passed or evicted, `Ok(false)` if there was nothing
-    /// to evict. Must not be called while holding a page lock or a block token.
-    pub(crate) fn evict_one(&self, cb: &mut EvictFn<'_>) -> Result<bool> {
+    /// Returns what happened ([`Evicted`]), or `cb`'s error. Must not be called while holding
+    /// a page lock or a block token.
+    pub(crate) fn evict_one(&self, cb: &mut EvictFn<'_>) -> Result<Evicted> {
         let mut progress = false;
         let mut waits = 0u32;
         loop {
             let Some((logical, total)) = self.claim_next() else {
-                if progress || self.evict.state.lock().is_empty() {
-                    return Ok(progress);
+                if progress {
+                    return Ok(Evicted::Progress);
+                }
+                if self.evict.state.lock().is_empty() {
+                    return Ok(Evicted::Nothing);
                 }
                 // Others are evicting the rest; wait for them rather than report an empty
                 // buffer that is merely busy.
@@ -140,13 +161,14 @@ impl BufferPool {
             let phys = logical % self.ring.size();
             let outcome = self.process(phys, total, cb);
             let status = match outcome {
-                Ok(_) => Status::Done,
-                Err(_) => Status::Failed,
+                Ok(Outcome::Passed | Outcome::Evicted) => Status::Done,
+                Ok(Outcome::Kept) | Err(_) => Status::Failed,
             };
             self.finish(logical, status);
             match outcome {
                 Ok(Outcome::Passed) => progress = true,
-                Ok(Outcome::Evicted) => return Ok(true),
+                Ok(Outcome::Evicted) => return Ok(Evicted::Progress),
+                Ok(Outcome::Kept) => return Ok(Evicted::Busy),
                 Err(e) => return Err(e),
             }
         }
@@ -233,10 +255,7 @@ impl BufferPool {
                             bump(&self.counters.evictions, 1);
                             return Ok(Outcome::Evicted);
                         }
-                        debug_assert!(false, "the eviction callback did not detach the block");
-                        return Err(crate::error::Error::InvalidConfig {
-                            reason: "the eviction callback returned Ok without detaching",
-                        });
+                        return Ok(Outcome::Kept);
                     }
                 }
                 // Held by a token (allocating or detached): its holder will map it or give it

@@ -182,7 +182,7 @@ unsafe fn links(ring: &Ring, phys: u64) -> (u64, u64) {
 
 /// Writes both links of a listed block. Safety: as [`links`].
 unsafe fn set_links(ring: &Ring, phys: u64, next: u64, prev: u64) {
-    let p = ring.payload(phys) as *mut u64;
+    let p = ring.payload(phys).cast::<u64>();
     // SAFETY: as in `links`.
     unsafe {
         p.write(next);
@@ -193,13 +193,13 @@ unsafe fn set_links(ring: &Ring, phys: u64, next: u64, prev: u64) {
 /// Writes the `prev` link. Safety: as [`links`].
 unsafe fn set_prev(ring: &Ring, phys: u64, prev: u64) {
     // SAFETY: as in `links`.
-    unsafe { (ring.payload(phys) as *mut u64).add(1).write(prev) }
+    unsafe { ring.payload(phys).cast::<u64>().add(1).write(prev) }
 }
 
 /// Writes the `next` link. Safety: as [`links`].
 unsafe fn set_next(ring: &Ring, phys: u64, next: u64) {
     // SAFETY: as in `links`.
-    unsafe { (ring.payload(phys) as *mut u64).write(next) }
+    unsafe { ring.payload(phys).cast::<u64>().write(next) }
 }
 
 /// Unlinks `phys` from the list whose head is `first`. Safety: as [`links`], for `phys` and

@@ -168,7 +168,7 @@ fn park(word: &AtomicU64, cur: u64, next: &impl Fn(u64) -> Option<u64>) {
     {
         return;
     }
-    let key = word as *const AtomicU64 as usize;
+    let key = std::ptr::from_ref::<AtomicU64>(word) as usize;
     let validate = || {
         let w = word.load(Ordering::Relaxed);
         w & PARKED != 0 && next(w).is_none()
@@ -200,7 +200,7 @@ fn wake(word: &AtomicU64) {
     // SAFETY: unparking with a plain token; no callback runs inside parking_lot_core.
     unsafe {
         parking_lot_core::unpark_all(
-            word as *const AtomicU64 as usize,
+            std::ptr::from_ref::<AtomicU64>(word) as usize,
             parking_lot_core::DEFAULT_UNPARK_TOKEN,
         );
     }

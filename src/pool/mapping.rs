@@ -50,7 +50,7 @@ impl MappingTable {
     /// The word of `pid`, allocating its segment if nobody has yet.
     pub(super) fn word(&self, pid: PageId) -> &AtomicU64 {
         let n = u64::from(pid) / FIRST_SEGMENT + 1;
-        let k = (63 - n.leading_zeros()) as usize;
+        let k = n.ilog2() as usize;
         let offset = (u64::from(pid) - FIRST_SEGMENT * ((1 << k) - 1)) as usize;
         let segment = self.segments[k]
             .get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| AtomicU64::new(0)).collect());
@@ -110,12 +110,12 @@ mod tests {
         let t = MappingTable::new();
         let mut seen = std::collections::HashSet::new();
         for pid in 0..5000 {
-            let w = t.word(pid) as *const AtomicU64 as usize;
+            let w = std::ptr::from_ref::<AtomicU64>(t.word(pid)) as usize;
             assert!(seen.insert(w), "two ids share a word: {pid}");
         }
         // The last id lands in the last segment, inside it.
         let n = u64::from(u32::MAX) / FIRST_SEGMENT + 1;
-        let k = (63 - n.leading_zeros()) as usize;
+        let k = n.ilog2() as usize;
         assert!(k < SEGMENTS);
         assert!(u64::from(u32::MAX) - FIRST_SEGMENT * ((1 << k) - 1) < FIRST_SEGMENT << k);
     }

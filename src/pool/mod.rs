@@ -33,7 +33,7 @@ mod stress_tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests;
 
-pub(crate) use evict::EvictGuard;
+pub(crate) use evict::{EvictGuard, Evicted};
 pub(crate) use free_list::my_shard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
 pub(crate) use latch::MAX_DISK_PAGE;
@@ -159,7 +159,7 @@ impl BufferPool {
             let word = pool.table.word(pid);
             latch::set_location(word, Location::Disk(page));
         }
-        let limit = ids.last().map_or(0, |&m| m as u64 + 1);
+        let limit = ids.last().map_or(0, |&m| u64::from(m) + 1);
         let mut listed = ids.iter().peekable();
         let mut free = Vec::new();
         for pid in 0..limit {

@@ -73,7 +73,7 @@ fn run(threads: usize, secs: u64, capacity: usize) {
                                 match pool.alloc(size, pid) {
                                     Some(b) => break b,
                                     None => {
-                                        pool.evict_one(&mut evict).unwrap();
+                                        let _ = pool.evict_one(&mut evict).unwrap();
                                     }
                                 }
                             };
@@ -89,7 +89,7 @@ fn run(threads: usize, secs: u64, capacity: usize) {
                             }
                         }
                         _ => {
-                            pool.evict_one(&mut evict).unwrap();
+                            let _ = pool.evict_one(&mut evict).unwrap();
                         }
                     }
                     ops += 1;
@@ -115,7 +115,7 @@ fn run(threads: usize, secs: u64, capacity: usize) {
         g.set_location_disk(1);
         Ok(())
     };
-    while pool.evict_one(&mut drain).unwrap() {}
+    while pool.evict_one(&mut drain).unwrap() == Evicted::Progress {}
     assert_eq!(pool.stats().ring_bytes, 0);
 }
 

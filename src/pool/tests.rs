@@ -112,7 +112,10 @@ fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
     let mut mapped = Vec::new();
     for (i, &pid) in pids.iter().enumerate() {
         while !remap(&pool, pid, 4096, i as u8) {
-            assert!(pool.evict_one(&mut to_disk(&mut disk)).unwrap());
+            assert_eq!(
+                pool.evict_one(&mut to_disk(&mut disk)).unwrap(),
+                Evicted::Progress
+            );
         }
         mapped.push(pid);
     }
@@ -140,7 +143,7 @@ fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
             .all(|&b| b == pid as u8));
     }
     assert_eq!(pool.stats().evictions, evicted.len() as u64);
-    while pool.evict_one(&mut to_disk(&mut disk)).unwrap() {}
+    while pool.evict_one(&mut to_disk(&mut disk)).unwrap() == Evicted::Progress {}
     let a = pool.audit();
     assert_eq!(a.blocks, 0);
     assert_eq!(pool.stats().bytes_in_use, 0);
@@ -170,9 +173,29 @@ fn failed_eviction_keeps_the_block_and_is_retried() {
         g.set_location_disk(9);
         Ok(())
     };
-    assert!(pool.evict_one(&mut ok).unwrap());
-    assert!(!pool.evict_one(&mut ok).unwrap());
+    assert_eq!(pool.evict_one(&mut ok).unwrap(), Evicted::Progress);
+    assert_eq!(pool.evict_one(&mut ok).unwrap(), Evicted::Nothing);
     assert_eq!(seen, vec![1]);
+    assert_eq!(pool.read(pid).location(), Location::Disk(9));
+}
+
+#[test]
+fn a_block_its_callback_leaves_attached_is_kept_and_retried() {
+    let pool = BufferPool::new(64 << 10, 0).unwrap();
+    let pid = pool
+        .insert_page(Location::Disk(1))
+        .expect("page id")
+        .page_id();
+    assert!(remap(&pool, pid, 1024, 0x5A));
+    let mut busy = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> { Ok(()) };
+    assert_eq!(pool.evict_one(&mut busy).unwrap(), Evicted::Busy);
+    assert_eq!(pool.read(pid).mini().unwrap(), &[0x5A; 1024][..]);
+    assert_eq!(pool.stats().evictions, 0);
+    let mut ok = |g: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
+        g.set_location_disk(9);
+        Ok(())
+    };
+    assert_eq!(pool.evict_one(&mut ok).unwrap(), Evicted::Progress);
     assert_eq!(pool.read(pid).location(), Location::Disk(9));
 }
 
@@ -186,7 +209,7 @@ fn free_listed_and_dead_blocks_are_passed_not_evicted() {
     assert_eq!(pool.stats().free_listed, 2);
     let mut never =
         |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> { panic!("nothing live to evict") };
-    assert!(pool.evict_one(&mut never).unwrap());
+    assert_eq!(pool.evict_one(&mut never).unwrap(), Evicted::Progress);
     let s = pool.stats();
     assert_eq!(
         (s.free_listed, s.free_listed_passed, s.ring_bytes),
@@ -219,7 +242,10 @@ fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
         let size = 64 << ((rng >> 8) % 8);
         let byte = round as u8;
         while !remap(&pool, pid, size, byte) {
-            assert!(pool.evict_one(&mut to_disk(&mut disk)).unwrap());
+            assert_eq!(
+                pool.evict_one(&mut to_disk(&mut disk)).unwrap(),
+                Evicted::Progress
+            );
         }
         expect.insert(pid, (size, byte));
         if round % 1000 == 0 {

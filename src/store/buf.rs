@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 /// device, and a multiple of every smaller one.
 const ALIGN: usize = 4096;
 
-/// A page-sized heap buffer aligned to 4096 bytes (O_DIRECT needs it). Zeroed on creation.
+/// A page-sized heap buffer aligned to 4096 bytes (`O_DIRECT` needs it). Zeroed on creation.
 pub(crate) struct PageBuf {
     /// Start of the allocation, `len` bytes, aligned to [`ALIGN`].
     ptr: NonNull<u8>,

@@ -1,5 +1,5 @@
 //! [`Disk`]: raw, unchecked page I/O, the seam between the store's metadata logic
-//! (`paged.rs`) and a medium (a file through io_uring or pread, or the emulated disk of
+//! (`paged.rs`) and a medium (a file through `io_uring` or pread, or the emulated disk of
 //! `fault.rs`).
 
 use std::path::Path;
@@ -43,5 +43,5 @@ pub(crate) trait Disk: Send + Sync + 'static {
 /// Byte offset of request `page` with a buffer of `len` bytes, or `None` if it overflows.
 pub(super) fn offset(page: PageNo, len: usize) -> Option<u64> {
     page.checked_mul(len as u64)
-        .filter(|&o| o <= i64::MAX as u64)
+        .filter(|&o| i64::try_from(o).is_ok())
 }

@@ -116,7 +116,7 @@ impl FaultDisk {
     /// Byte offset of request `page` with a `len`-byte buffer.
     fn offset(page: PageNo, len: usize) -> Result<u64> {
         disk::offset(page, len)
-            .filter(|&o| o <= u32::MAX as u64 * 4096)
+            .filter(|&o| o <= u64::from(u32::MAX) * 4096)
             .ok_or_else(|| {
                 Error::corruption(FAULT_PATH, Some(page), "page beyond the emulated disk")
             })
@@ -202,7 +202,7 @@ impl FaultStore {
     /// A new, empty store of `page_size`-byte pages, its first superblock already durable.
     pub(crate) fn new(page_size: usize) -> FaultStore {
         let disk = Arc::new(FaultDisk::with_image(page_size, Vec::new()));
-        let store = PagedStore::format(disk.clone(), page_size).map_err(unopenable);
+        let store = PagedStore::format(disk.clone(), page_size).map_err(|e| unopenable(&e));
         FaultStore { disk, store }
     }
 
@@ -213,7 +213,8 @@ impl FaultStore {
     pub(crate) fn crash_image(&self) -> FaultStore {
         let durable = self.disk.state.lock().durable.clone();
         let disk = Arc::new(FaultDisk::with_image(self.disk.page_size, durable));
-        let store = PagedStore::mount(disk.clone(), self.disk.page_size).map_err(unopenable);
+        let store =
+            PagedStore::mount(disk.clone(), self.disk.page_size).map_err(|e| unopenable(&e));
         FaultStore { disk, store }
     }
 
@@ -296,9 +297,9 @@ impl FaultStore {
 }
 
 /// Keeps what a failed open said, so the error can be rebuilt on every later call.
-fn unopenable(e: Error) -> (Option<PageNo>, &'static str) {
+fn unopenable(e: &Error) -> (Option<PageNo>, &'static str) {
     match e {
-        Error::Corruption { page, reason, .. } => (page, reason),
+        Error::Corruption { page, reason, .. } => (*page, reason),
         _ => (None, "the emulated disk could not be opened"),
     }
 }
@@ -332,6 +333,8 @@ impl PageStore for FaultStore {
         self.inner()?.set_free_pages(free)
     }
     fn stats(&self) -> StoreStats {
-        self.inner().map(|s| s.stats()).unwrap_or_default()
+        self.inner()
+            .map(super::PageStore::stats)
+            .unwrap_or_default()
     }
 }

@@ -1,4 +1,4 @@
-//! [`FileStore`]: the page store on a data file, through io_uring or `pread`/`pwrite`, with
+//! [`FileStore`]: the page store on a data file, through `io_uring` or `pread`/`pwrite`, with
 //! `O_DIRECT` where the file system accepts it.
 
 use std::fs::{File, OpenOptions};
@@ -19,7 +19,7 @@ pub(super) const GROW_MIN: u64 = 4 << 20;
 /// How a [`FileStore`] moves pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
-    /// io_uring, one ring per thread (Linux only).
+    /// `io_uring`, one ring per thread (Linux only).
     IoUring,
     /// Positional `pread`/`pwrite`, one page per system call.
     Pread,
@@ -53,8 +53,8 @@ impl FileStore {
     /// bytes, using `backend` for I/O.
     ///
     /// # Errors
-    /// `InvalidConfig` for a bad page size, a page size other than the file's, or io_uring
-    /// off Linux; `Io` if the file cannot be opened or io_uring cannot be set up;
+    /// `InvalidConfig` for a bad page size, a page size other than the file's, or `io_uring`
+    /// off Linux; `Io` if the file cannot be opened or `io_uring` cannot be set up;
     /// `Corruption` if neither superblock slot is valid.
     pub(crate) fn open(path: &Path, page_size: usize, backend: Backend) -> Result<FileStore> {
         check_page_size(page_size)?;
@@ -142,7 +142,7 @@ impl FileDisk {
     /// Makes sure the file extends to at least `end` bytes before pages are written there.
     ///
     /// A direct write past the end of an ext4 file must extend it, which takes the inode
-    /// lock exclusively: io_uring cannot issue it without blocking, so every such write went
+    /// lock exclusively: `io_uring` cannot issue it without blocking, so every such write went
     /// to a kernel worker thread, one at a time, each with its own doorbell to the device
     /// (20 % of all samples of the checkpoint-pause benchmark were in those workers). Blocks
     /// allocated ahead with `fallocate` are written under the shared lock instead, inline and
@@ -211,7 +211,7 @@ impl FileDisk {
     }
 
     /// Runs a batch of `(page, buffer start, buffer length)` requests through this
-    /// thread's io_uring ring, calling `check(i, bytes)` on each completed request (see
+    /// thread's `io_uring` ring, calling `check(i, bytes)` on each completed request (see
     /// `uring::run`).
     ///
     /// # Safety

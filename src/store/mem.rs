@@ -74,7 +74,7 @@ impl MemStore {
     pub(crate) fn raw_page(&self, page: PageNo, f: impl FnOnce(&mut [u8])) {
         let size = self.page_size;
         self.with_page(page, |slot| {
-            f(slot.get_or_insert_with(|| vec![0; size].into()))
+            f(slot.get_or_insert_with(|| vec![0; size].into()));
         });
     }
 

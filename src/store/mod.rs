@@ -2,7 +2,7 @@
 //!
 //! One data file of fixed-size pages (page size `P`, a power of two from 4 KiB to 64 KiB)
 //! behind one fallible trait, [`PageStore`], with four implementations: [`FileStore`] over
-//! io_uring or `pread`/`pwrite` (both with `O_DIRECT` where the file system allows it),
+//! `io_uring` or `pread`/`pwrite` (both with `O_DIRECT` where the file system allows it),
 //! [`MemStore`] for in-memory trees and tests, and [`FaultStore`], an emulated disk with a
 //! volatile cache for fault-injection tests. The store never sees keys.
 //!
@@ -89,7 +89,7 @@ pub(crate) use mem::MemStore;
 /// A page number: the page's byte offset in the file divided by the page size.
 pub(crate) type PageNo = u64;
 
-/// Bytes [0, STORE_RESERVED) of every page belong to the store (checksum etc.); callers never
+/// Bytes [0, `STORE_RESERVED`) of every page belong to the store (checksum etc.); callers never
 /// put data there. The node layout leaves them free.
 pub(crate) const STORE_RESERVED: usize = 8;
 

@@ -1,5 +1,5 @@
 //! One test suite over [`PageStore`], run against every backend, plus the backend-specific
-//! tests (fault injection, page-size checks; the io_uring path itself is in `uring_tests.rs`).
+//! tests (fault injection, page-size checks; the `io_uring` path itself is in `uring_tests.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
@@ -192,7 +192,7 @@ fn detects_damage<H: Harness>(h: &H) {
         n
     };
     h.damage(&s, a, &|bytes: &mut [u8]| {
-        bytes[..P / 2].copy_from_slice(&newer[..P / 2])
+        bytes[..P / 2].copy_from_slice(&newer[..P / 2]);
     });
     assert_corrupt(s.read(a, &mut buf), a);
     // A page copied to the wrong place.
@@ -200,11 +200,11 @@ fn detects_damage<H: Harness>(h: &H) {
     s.write(b, &mut pattern(4)).unwrap();
     let mut image = PageBuf::new(P);
     h.damage(&s, a, &|bytes: &mut [u8]| {
-        image.clone().copy_from_slice(bytes)
+        image.clone().copy_from_slice(bytes);
     });
     let copied = std::sync::Mutex::new(Vec::new());
     h.damage(&s, a, &|bytes: &mut [u8]| {
-        *copied.lock().unwrap() = bytes.to_vec()
+        *copied.lock().unwrap() = bytes.to_vec();
     });
     let copied = copied.into_inner().unwrap();
     h.damage(&s, b, &|bytes: &mut [u8]| bytes.copy_from_slice(&copied));
@@ -305,11 +305,11 @@ fn torn_superblock<H: Harness>(h: &H) {
     let seq = |slot: PageNo| {
         let out = StdAtomicU64::new(0);
         h.damage(&s, slot, &|b: &mut [u8]| {
-            out.store(page::get_u64(b, 24), StdOrdering::Relaxed)
+            out.store(page::get_u64(b, 24), StdOrdering::Relaxed);
         });
         out.into_inner()
     };
-    let newer = if seq(0) > seq(1) { 0 } else { 1 };
+    let newer = u64::from(seq(0) <= seq(1));
     // A tear whose lost part differs from what was intended: the page count field.
     h.damage(&s, newer, &|b: &mut [u8]| b[32] ^= 0xFF);
     let Some(s) = h.reopen(s) else { return };
@@ -370,35 +370,35 @@ fn concurrent<H: Harness>(h: &H) {
 }
 
 /// The whole suite for one backend.
-fn suite<H: Harness>(h: H) {
-    round_trip(&h);
-    batches(&h);
-    detects_damage(&h);
-    allocation(&h);
-    persistence(&h);
-    torn_superblock(&h);
-    concurrent(&h);
+fn suite<H: Harness>(h: &H) {
+    round_trip(h);
+    batches(h);
+    detects_damage(h);
+    allocation(h);
+    persistence(h);
+    torn_superblock(h);
+    concurrent(h);
 }
 
 #[test]
 fn suite_mem() {
-    suite(Mem);
+    suite(&Mem);
 }
 
 #[test]
 fn suite_fault() {
-    suite(Fault);
+    suite(&Fault);
 }
 
 #[test]
 fn suite_file_pread() {
-    suite(Files::new(Backend::Pread));
+    suite(&Files::new(Backend::Pread));
 }
 
 #[cfg(target_os = "linux")]
 #[test]
 fn suite_file_io_uring() {
-    suite(Files::new(Backend::IoUring));
+    suite(&Files::new(Backend::IoUring));
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -623,9 +623,9 @@ fn fault_power_cut_loses_exactly_the_unsynced_writes() {
         let s = FaultStore::new(P);
         let base = s.disk_writes();
         workload(&s, &mut syncs);
-        syncs
-            .iter_mut()
-            .for_each(|(a, b)| (*a, *b) = (*a - base, *b - base));
+        for (a, b) in &mut syncs {
+            (*a, *b) = (*a - base, *b - base);
+        }
         s.disk_writes() - base
     };
     assert!(total > 1000 && syncs.len() == 6);

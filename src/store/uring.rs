@@ -1,4 +1,4 @@
-//! The io_uring I/O path: one ring per thread, created lazily and shared by every store the
+//! The `io_uring` I/O path: one ring per thread, created lazily and shared by every store the
 //! thread uses (the file descriptor travels with each request), so the I/O path takes no
 //! lock and two threads never share a ring or each other's completions.
 //!
@@ -54,7 +54,7 @@ struct Op {
 /// A thread's ring, the next `user_data` it hands out, and the scratch space of a batch.
 struct Ring {
     /// The ring itself.
-    ring: IoUring,
+    uring: IoUring,
     /// Request ids are unique per ring: a batch of n takes n consecutive ids.
     next_id: u64,
     /// Set when the ring must never be used again (a failed submission may have left
@@ -81,7 +81,7 @@ impl Ring {
             Err(_) => IoUring::new(RING_ENTRIES)?,
         };
         Ok(Ring {
-            ring,
+            uring: ring,
             next_id: 0,
             broken: false,
             ops: Vec::new(),
@@ -113,7 +113,7 @@ pub(super) enum Failure<E> {
     Caller(E),
 }
 
-/// Creates this thread's ring if needed, so a store can refuse to open where io_uring is
+/// Creates this thread's ring if needed, so a store can refuse to open where `io_uring` is
 /// unavailable (old kernel, seccomp, `io_uring_disabled`).
 pub(super) fn probe() -> io::Result<()> {
     with_ring(|_| ())
@@ -198,7 +198,7 @@ unsafe fn drive<E>(
     let mut first_err: Option<Failure<E>> = None;
     let mut hard_failures = 0u32;
     loop {
-        let mut sq = r.ring.submission();
+        let mut sq = r.uring.submission();
         while first_err.is_none() && !sq.is_full() && inflight < RING_ENTRIES as usize {
             let i = match r.retry.pop() {
                 Some(i) => i,
@@ -243,7 +243,7 @@ unsafe fn drive<E>(
         } else {
             1
         };
-        match r.ring.submit_and_wait(want) {
+        match r.uring.submit_and_wait(want) {
             Ok(_) => hard_failures = 0,
             Err(e) if e.raw_os_error().is_some_and(transient) => {}
             // io_uring_enter fails only when it took nothing from the queue and waited for
@@ -253,7 +253,7 @@ unsafe fn drive<E>(
             Err(e) => {
                 r.broken = true;
                 first_err.get_or_insert(Failure::Io(e));
-                if inflight == r.ring.submission().len() {
+                if inflight == r.uring.submission().len() {
                     break;
                 }
                 hard_failures += 1;
@@ -266,7 +266,7 @@ unsafe fn drive<E>(
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        for cqe in r.ring.completion() {
+        for cqe in r.uring.completion() {
             let i = cqe.user_data().wrapping_sub(base) as usize;
             let Some(op) = r.ops.get_mut(i) else {
                 debug_assert!(false, "completion for a request of another batch");

@@ -1,4 +1,4 @@
-//! Tests of the io_uring path itself: error mapping, zero fill past the end of the file,
+//! Tests of the `io_uring` path itself: error mapping, zero fill past the end of the file,
 //! and the per-completion check of a batch larger than the ring.
 
 use super::uring;

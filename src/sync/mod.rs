@@ -77,7 +77,9 @@ impl<T> Mutex<T> {
     #[cfg(shuttle)]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         // A poisoned lock means another model thread panicked; the test fails on that panic.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Which records a disk read caches: a doorkeeper in front of promotion (the admission
-//! filter of TinyLFU). A key is promoted on its second miss within a window, never on its
+//! filter of `TinyLFU`). A key is promoted on its second miss within a window, never on its
 //! first, so the many keys of a skewed workload's long tail that are read once do not fill
 //! mini-pages at the expense of the keys read over and over.
 //!
@@ -63,7 +63,7 @@ impl Doorkeeper {
     /// Forgets every key (two threads may both do it: harmless).
     fn reset(&self) {
         self.set.store(0, Ordering::Relaxed);
-        for w in self.words.iter() {
+        for w in &self.words {
             w.store(0, Ordering::Relaxed);
         }
     }

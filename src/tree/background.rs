@@ -91,17 +91,17 @@ pub(crate) struct Background {
 impl Shared {
     /// Room below which evictors start: 1/32 of the buffer, at least four leaf pages.
     fn low_water(&self) -> usize {
-        (self.pool.capacity() / 32).max(4 * self.page_size)
+        (self.pool().capacity() / 32).max(4 * self.page_size())
     }
 
     /// Whether the buffer is short of room (cheap: two atomic loads).
     pub(crate) fn short_of_room(&self) -> bool {
-        self.pool.ring_free() < self.low_water()
+        self.pool().ring_free() < self.low_water()
     }
 
     /// Whether this tree runs evictor threads (`Background::start` decides the same way).
     fn has_evictors(&self) -> bool {
-        !cfg!(shuttle) && self.store.is_some() && self.config.evictor_threads > 0
+        !cfg!(shuttle) && !self.storage().is_in_memory() && self.config().evictor_threads > 0
     }
 
     /// Wakes the evictors if the buffer is short of room. Call it after an operation that
@@ -109,7 +109,7 @@ impl Shared {
     /// no page lock held: the first ring makes a system call.
     pub(crate) fn nudge_evictors(&self) {
         if self.has_evictors() && self.short_of_room() {
-            self.evict_bell.ring();
+            self.evict_bell().ring();
         }
     }
 }
@@ -118,8 +118,8 @@ impl Background {
     /// Starts `evictors` evictor threads and, when writes are logged, a checkpointer (none
     /// of either for in-memory trees).
     pub(crate) fn start(tree: &Arc<Shared>, evictors: usize) -> Background {
-        let (evict, checkpoint) = (tree.evict_bell.clone(), Control::new());
-        let file_backed = tree.store.is_some();
+        let (evict, checkpoint) = (tree.evict_bell().clone(), Control::new());
+        let file_backed = !tree.storage().is_in_memory();
         let evictors = if file_backed { evictors } else { 0 };
         let mut threads = Vec::new();
         for i in 0..evictors {
@@ -127,7 +127,7 @@ impl Background {
             // The first evictor also does the idle write-back: a thread of its own cost 7-9
             // MiB of resident memory in its malloc arena (`tests/memory.rs`).
             let idle = (i == 0)
-                .then_some(tree.config.idle_write_back)
+                .then_some(tree.config().idle_write_back)
                 .flatten()
                 .map(IdleWriter::new);
             let spawned = std::thread::Builder::new()
@@ -135,7 +135,7 @@ impl Background {
                 .spawn(move || run_evictor(&tree, &control, idle));
             threads.extend(spawned.ok());
         }
-        if file_backed && tree.log_writes && !cfg!(shuttle) {
+        if file_backed && tree.journal().logs_writes() && !cfg!(shuttle) {
             let (tree, control) = (tree.clone(), checkpoint.clone());
             let spawned = std::thread::Builder::new()
                 .name("bfkv-checkpoint".into())
@@ -234,7 +234,7 @@ fn run_evictor(tree: &Shared, control: &Control, mut idle: Option<IdleWriter>) {
         if tree.short_of_room() {
             // Evict until there is twice the low-water room, so bursts of writes find room.
             let target = 2 * tree.low_water();
-            while tree.pool.ring_free() < target && !control.stopped() {
+            while tree.pool().ring_free() < target && !control.stopped() {
                 if tree.make_room().is_err() {
                     std::thread::sleep(BACKOFF_ON_ERROR);
                     break;
@@ -306,23 +306,20 @@ mod tests {
             .evictor_threads(1)
             .idle_write_back(None);
         let shared = Arc::new(super::super::persist::open(config).expect("open"));
-        super::super::Tree {
-            background: Background::start(&shared, 0),
-            shared,
-        }
+        super::super::Tree::from_shared(shared, 0)
     }
 
     #[test]
     fn reads_writes_and_scans_ring_the_evictors_only_when_short_of_room() {
         let dir = tempfile::tempdir().expect("tempdir");
         let tree = tree_without_evictor_threads(dir.path());
-        let shared = &tree.shared;
-        let bell = &shared.evict_bell;
+        let shared = tree.shared();
+        let bell = shared.evict_bell();
         let key = |i: u32| i.to_be_bytes();
         let mut n = 0;
         // Fill the buffer until writes evict (inline here) and it is well below the mark,
         // so one eviction by an operation below cannot lift it back over.
-        while shared.pool.ring_free() >= shared.low_water() / 4
+        while shared.pool().ring_free() >= shared.low_water() / 4
             || tree.stats().foreground_evictions == 0
         {
             tree.insert(key(n), [7u8; 100]).expect("insert");
@@ -335,10 +332,10 @@ mod tests {
                 &(|| drop(tree.get(key(0)).expect("get"))) as &dyn Fn(),
             ),
             ("a scan", &|| {
-                drop(tree.iter().next().expect("record").expect("scan"))
+                drop(tree.iter().next().expect("record").expect("scan"));
             }),
             ("a write", &|| {
-                tree.insert(key(1), [8u8; 100]).expect("insert")
+                tree.insert(key(1), [8u8; 100]).expect("insert");
             }),
         ] {
             bell.rung.store(false, Ordering::Release);

@@ -9,6 +9,7 @@ use crate::pool::Location;
 
 /// Where the cache's bytes are, counted over every leaf at one moment.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[cfg_attr(not(any(fuzzing, bfkv_internals)), allow(unreachable_pub))] // `internals` re-exports it
 pub struct Census {
     /// Leaves in the tree.
     pub leaves: u64,
@@ -45,13 +46,13 @@ impl Shared {
     /// Counts the cache's content leaf by leaf (each under its read lock).
     pub(crate) fn census(&self) -> Census {
         let mut c = Census {
-            capacity: self.pool.capacity() as u64,
-            bytes_in_use: self.pool.stats().bytes_in_use,
+            capacity: self.pool().capacity() as u64,
+            bytes_in_use: self.pool().stats().bytes_in_use,
             ..Census::default()
         };
-        for (_, pid) in self.leaf_list() {
+        for (_, pid) in self.index().leaves() {
             c.leaves += 1;
-            let page = self.pool.read(pid);
+            let page = self.pool().read(pid);
             let (Location::Mini(_), Some(bytes)) = (page.location(), page.mini()) else {
                 continue;
             };
@@ -88,7 +89,7 @@ impl Shared {
 
 impl fmt::Display for Census {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
         let records: u64 = self.mini_record_bytes.iter().sum();
         writeln!(
             f,
@@ -144,8 +145,8 @@ mod tests {
     fn census_counts_what_the_leaves_hold() {
         let dir = tempfile::tempdir().expect("tempdir");
         let tree = cached_tree(dir.path(), 20_000);
-        let leaves = tree.shared.leaf_list().len() as u64;
-        let c = tree.shared.census();
+        let leaves = tree.shared().index().leaves().len() as u64;
+        let c = tree.shared().census();
         assert_eq!(c.leaves, leaves);
         assert!(c.minis + c.mirrors <= c.leaves, "{c}");
         assert!(c.mini_used <= c.mini_bytes && c.mini_bytes + c.mirror_bytes <= c.capacity);
@@ -160,7 +161,7 @@ mod tests {
                 Some(i.to_le_bytes().to_vec())
             );
         }
-        let after = tree.shared.census();
+        let after = tree.shared().census();
         assert!(
             after.mini_records[RecordKind::Cache as usize] > before,
             "before {c}\nafter {after}"
@@ -176,18 +177,19 @@ mod tests {
         for i in 0..200 {
             tree.get(key(i)).expect("get");
         }
-        let s = &tree.shared;
+        let s = tree.shared();
         let (pid, size, count) = s
-            .leaf_list()
+            .index()
+            .leaves()
             .into_iter()
             .find_map(|(_, pid)| {
-                let page = s.pool.read(pid);
+                let page = s.pool().read(pid);
                 let node = NodeRef::from_bytes(page.mini()?);
                 (node.kind() == NodeKind::Mini && node.len() >= 8 && node.size() >= 256)
                     .then(|| (pid, node.size(), node.len()))
             })
             .expect("a mini-page with several cached records");
-        let mut page = s.pool.write(pid);
+        let mut page = s.pool().write(pid);
         {
             // Only the first record was read since the mini-page last moved.
             let bytes = page.mini_mut().expect("mini-page");

@@ -9,13 +9,13 @@ use crate::pool::Location;
 impl Shared {
     /// Checks the invariants; returns a description of the first violation.
     pub(crate) fn check_structure(&self) -> Result<(), String> {
-        let leaves = self.leaf_list();
+        let leaves = self.index().leaves();
         for (i, (low, pid)) in leaves.iter().enumerate() {
             let high = leaves.get(i + 1).map(|(l, _)| l.as_slice());
             if i > 0 && low.as_slice() <= leaves[i - 1].0.as_slice() {
                 return Err(format!("leaf {i} low bound not above its predecessor's"));
             }
-            let page = self.pool.read(*pid);
+            let page = self.pool().read(*pid);
             let in_range =
                 |k: &[u8]| (i == 0 || k >= low.as_slice()) && !high.is_some_and(|h| k >= h);
             let check_node = |node: NodeRef<'_>, what: &str| -> Result<(), String> {
@@ -61,9 +61,13 @@ impl Shared {
                 }
             };
             if let Some(d) = disk.filter(|d| *d != NO_PAGE) {
-                with_page_buf(self.page_size, |buf| -> Result<(), String> {
-                    self.read_page(d, buf).map_err(|e| e.to_string())?;
-                    self.check_leaf(d, buf).map_err(|e| e.to_string())?;
+                with_page_buf(self.page_size(), |buf| -> Result<(), String> {
+                    self.storage()
+                        .read_page(d, buf)
+                        .map_err(|e| e.to_string())?;
+                    self.storage()
+                        .check_leaf(d, buf)
+                        .map_err(|e| e.to_string())?;
                     let node = NodeRef::from_bytes_checked(buf).map_err(|e| e.0.to_string())?;
                     check_node(node, "disk leaf")
                 })?;

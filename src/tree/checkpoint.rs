@@ -25,12 +25,13 @@
 //! write each time they met a staged leaf: under Zipf YCSB-A with 2 threads, the rounds
 //! with a checkpoint ran at 0.5-0.6 of the others.
 
-use super::evict::{needs_write_back, Action, Image, PageBatch};
-use super::{Attempt, Restart, Shared, FLAG_DIRTY};
-use crate::error::{Error, Result};
+use super::batch::{Image, PageBatch};
+use super::evict::{needs_write_back, Action, AfterWrite};
+use super::index::SmoGuard;
+use super::{Attempt, Shared, Step, FLAG_DIRTY};
+use crate::error::Result;
 use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};
 use crate::pool::{Location, PageId, WriteGuard};
-use crate::sync::MutexGuard;
 
 /// Leaves a pass reads with one `read_batch` and writes with one `write_batch`: enough for
 /// the device to work on many at once.
@@ -64,7 +65,7 @@ impl Shared {
     /// # Errors
     /// `Io` or `Corruption` from reading or writing a leaf; leaves not yet written stay
     /// dirty, and no page allocated for them stays allocated.
-    pub(super) fn checkpoint_pass(&self, smo: Option<&MutexGuard<'_, ()>>) -> Result<()> {
+    pub(super) fn checkpoint_pass(&self, smo: Option<&SmoGuard<'_>>) -> Result<()> {
         let mut staged = Vec::with_capacity(BATCH);
         let mut batch = PageBatch::default();
         let result = self.checkpoint_leaves(smo, &mut staged, &mut batch);
@@ -77,7 +78,7 @@ impl Shared {
     /// The loop of `checkpoint_pass`; on error the caller abandons what is staged.
     fn checkpoint_leaves(
         &self,
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
         staged: &mut Vec<Staged>,
         batch: &mut PageBatch,
     ) -> Result<()> {
@@ -86,8 +87,8 @@ impl Shared {
             // Written since the LSN was taken, with its current bounds (which cannot change
             // while the structure lock is held): its page already covers every write this
             // checkpoint must hold. What was written since stays dirty.
-            let chunk =
-                self.dirty_chunk(&mut leaves, |pid| smo.is_some() && self.pages.is_fresh(pid));
+            let pages = self.storage().pages();
+            let chunk = self.dirty_chunk(&mut leaves, |pid| smo.is_some() && pages.is_fresh(pid));
             if chunk.is_empty() {
                 return self.write_staged(staged, batch);
             }
@@ -101,7 +102,7 @@ impl Shared {
     /// Every page id in use so far, from `from` on and wrapping around (`dirty_chunk` skips
     /// those without a cached node). Lazy: a pass over a large tree allocates nothing for it.
     pub(super) fn buffered_leaves(&self, from: PageId) -> impl Iterator<Item = PageId> {
-        let limit = self.pool.page_id_limit();
+        let limit = self.pool().page_id_limit();
         let from = from.min(limit);
         (from..limit).chain(0..from)
     }
@@ -119,7 +120,7 @@ impl Shared {
             if skip(pid) {
                 continue;
             }
-            let page = self.pool.read(pid);
+            let page = self.pool().read(pid);
             let Some(bytes) = page.mini() else { continue };
             let node = NodeRef::from_bytes(bytes);
             if !needs_write_back(node) {
@@ -128,7 +129,9 @@ impl Shared {
             // A mini-page's merge starts from its leaf's page: read it ahead. Stable while
             // the leaf is locked (read-locked will do: changing it takes the write lock).
             let read = match (node.kind(), node.disk_page()) {
-                (NodeKind::Mini, Some(disk)) => Some((disk, self.pages.write_token(pid))),
+                (NodeKind::Mini, Some(disk)) => {
+                    Some((disk, self.storage().pages().write_token(pid)))
+                }
                 _ => None,
             };
             chunk.push(Candidate { pid, read });
@@ -144,26 +147,23 @@ impl Shared {
     pub(super) fn stage_chunk(
         &self,
         chunk: &[Candidate],
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
         staged: &mut Vec<Staged>,
         batch: &mut PageBatch,
     ) -> Result<()> {
         self.read_ahead(chunk, batch);
         for c in chunk {
             match self.stage_leaf(c.pid, smo, batch)? {
-                Ok(Some(s)) => staged.push(s),
-                Ok(None) => {}
-                Err(Restart::NeedSpace) | Err(Restart::Retry) if smo.is_some() => {
+                Step::Done(Some(s)) => staged.push(s),
+                Step::Restart(_) if smo.is_some() => {
                     // Write-back under the structure lock allocates no memory and never
                     // waits.
-                    return Err(Error::corruption(
-                        &self.data_path,
-                        None,
-                        "checkpoint could not write a leaf",
-                    ));
+                    return Err(self
+                        .storage()
+                        .corruption(None, "checkpoint could not write a leaf"));
                 }
-                // The first pass leaves it to the second.
-                Err(_) => {}
+                // Clean, or (in the first pass) left to the second.
+                Step::Done(None) | Step::Restart(_) => {}
             }
         }
         // Images no merge took: their leaves changed since they were read.
@@ -175,7 +175,9 @@ impl Shared {
     /// On failure it reads nothing ahead: each merge then reads its own page and reports
     /// the error with the page it concerns.
     fn read_ahead(&self, chunk: &[Candidate], batch: &mut PageBatch) {
-        let Some(store) = &self.store else { return };
+        let Some(store) = self.storage().store() else {
+            return;
+        };
         let reads: Vec<(PageId, u64, u64)> = chunk
             .iter()
             .filter_map(|c| c.read.map(|(disk, token)| (c.pid, disk, token)))
@@ -185,21 +187,18 @@ impl Shared {
         }
         let pages: Vec<u64> = reads.iter().map(|r| r.1).collect();
         let mut bufs: Vec<_> = (0..pages.len())
-            .map(|_| batch.spare_buf(self.page_size))
+            .map(|_| batch.spare_buf(self.page_size()))
             .collect();
         if store.read_batch(&pages, &mut bufs).is_err() {
-            batch.spare.extend(bufs);
+            batch.give_spare(bufs);
             return;
         }
-        batch.recycle_images();
-        for ((pid, disk, token), buf) in reads.into_iter().zip(bufs) {
-            batch.images.push(Image {
-                pid,
-                disk,
-                token,
-                buf,
-            });
-        }
+        batch.set_images(
+            reads
+                .into_iter()
+                .zip(bufs)
+                .map(|((pid, disk, token), buf)| Image::new(pid, disk, token, buf)),
+        );
     }
 
     /// Writes back leaf `pid` under its lock: `Some` if it was built into `batch`, to be
@@ -207,24 +206,24 @@ impl Shared {
     fn stage_leaf(
         &self,
         pid: PageId,
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
         batch: &mut PageBatch,
     ) -> Attempt<Option<Staged>> {
-        let mut page = self.pool.write(pid);
+        let mut page = self.pool().write(pid);
         // Stable while the leaf is locked: whoever writes, splits or removes the leaf
         // changes it under the leaf's lock.
-        let token = self.pages.write_token(pid);
+        let token = self.storage().pages().write_token(pid);
         batch.keep_images_if(pid, token);
         Ok(match self.checkpoint_leaf(&mut page, smo, batch)? {
-            Ok(Some((old, new))) => Ok(Some(Staged {
+            Step::Done(Some((old, new))) => Step::Done(Some(Staged {
                 pid,
                 old,
                 new,
                 token,
                 node: page.mini().map(<[u8]>::to_vec).unwrap_or_default(),
             })),
-            Ok(None) => Ok(None),
-            Err(r) => Err(r),
+            Step::Done(None) => Step::Done(None),
+            Step::Restart(r) => Step::Restart(r),
         })
     }
 
@@ -234,28 +233,28 @@ impl Shared {
     fn checkpoint_leaf<'p>(
         &'p self,
         page: &mut WriteGuard<'p>,
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
         batch: &mut PageBatch,
     ) -> Attempt<Option<(Option<u64>, u64)>> {
         let Some(bytes) = page.mini() else {
-            return Ok(Ok(None));
+            return Ok(Step::Done(None));
         };
-        let after = super::evict::AfterWrite::Keep;
+        let after = AfterWrite::Keep;
         let action = match self.write_back(page.page_id(), bytes, after, smo, Some(batch))? {
-            Ok(a) => a,
-            Err(r) => return Ok(Err(r)),
+            Step::Done(a) => a,
+            Step::Restart(r) => return Ok(Step::Restart(r)),
         };
         match action {
-            Action::Staged { old, new } => return Ok(Ok(Some((old, new)))),
+            Action::Staged { old, new } => return Ok(Step::Done(Some((old, new)))),
             Action::Detach(disk) => {
                 if let Some(old) = page.set_location_disk(disk) {
-                    self.pool.dealloc(old);
+                    self.pool().dealloc(old);
                 }
             }
             Action::KeepClean(disk) => make_clean(page, disk),
             Action::Nothing => {}
         }
-        Ok(Ok(None))
+        Ok(Step::Done(None))
     }
 
     /// Writes the staged leaves with one `write_batch`, then records each move that still
@@ -269,31 +268,28 @@ impl Shared {
         if staged.is_empty() {
             return Ok(());
         }
-        let Some(store) = &self.store else {
+        let Some(store) = self.storage().store() else {
             // Nothing stages without a store.
-            staged.clear();
-            batch.pages.clear();
+            self.abandon(staged, batch);
             return Ok(());
         };
-        let n = batch.pages.len();
-        debug_assert_eq!(n, staged.len());
-        if let Err(e) = store.write_batch(&batch.pages, &mut batch.bufs[..n]) {
+        debug_assert_eq!(batch.staged_len(), staged.len());
+        if let Err(e) = batch.write_out(&**store) {
             self.abandon(staged, batch);
             return Err(e);
         }
-        batch.pages.clear();
         for s in staged.drain(..) {
-            let mut page = self.pool.write(s.pid);
+            let mut page = self.pool().write(s.pid);
             let holds = !page.is_removed()
                 && matches!(page.location(), Location::Mini(_))
-                && self.pages.write_token(s.pid) == s.token;
+                && self.storage().pages().write_token(s.pid) == s.token;
             if !holds {
                 drop(page);
                 // Never referenced: nothing can need it.
-                let _ = store.free(s.new);
+                self.storage().free(s.new);
                 continue;
             }
-            match self.moved(s.pid, s.old, s.new, super::evict::AfterWrite::Keep) {
+            match self.moved(s.pid, s.old, s.new, AfterWrite::Keep) {
                 Action::KeepClean(disk) => {
                     if page.mini() == Some(&s.node[..]) {
                         make_clean(&mut page, disk);
@@ -311,12 +307,7 @@ impl Shared {
     /// Gives up on the staged leaves: frees their new pages, leaving the leaves dirty for a
     /// later checkpoint or eviction.
     pub(super) fn abandon(&self, staged: &mut Vec<Staged>, batch: &mut PageBatch) {
-        if let Some(store) = &self.store {
-            for &p in &batch.pages {
-                let _ = store.free(p);
-            }
-        }
-        batch.pages.clear();
+        batch.abandon(self.storage());
         staged.clear();
     }
 }

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::inner::{Path, Seek};
-use super::super::{crash, FLAG_DIRTY};
+use super::super::inner::Seek;
+use super::super::{crash, Step, FLAG_DIRTY};
 use super::{PageBatch, Staged};
 use crate::node::{NodeKind, NodeRef};
 use crate::pool::{Location, PageId};
@@ -36,8 +36,8 @@ fn a_pass_waiting_for_a_busy_leaf_holds_no_other_leaf() {
         tree.insert(key(i), value(i, 1)).expect("insert");
     }
     let minis: Vec<_> = tree
-        .shared
-        .pool
+        .shared()
+        .pool()
         .page_entries()
         .into_iter()
         .filter(|(_, loc)| matches!(loc, Location::Mini(_)))
@@ -56,7 +56,7 @@ fn a_pass_waiting_for_a_busy_leaf_holds_no_other_leaf() {
     let (busy, before) = (minis[at], minis[at - 1]);
     let checkpoints = tree.stats().checkpoints;
     std::thread::scope(|s| {
-        let pool = &tree.shared.pool;
+        let pool = tree.shared().pool();
         let (tx, rx) = std::sync::mpsc::channel();
         let helper = s.spawn(move || {
             // A read lock: the pass lists the leaves under read locks, which this one
@@ -88,7 +88,7 @@ fn a_pass_waiting_for_a_busy_leaf_holds_no_other_leaf() {
         );
     });
     assert_eq!(tree.stats().checkpoints, checkpoints + 1);
-    if let Err(e) = tree.shared.check_structure() {
+    if let Err(e) = tree.shared().check_structure() {
         panic!("{e}");
     }
     // Everything the checkpoint wrote reads back after a reopen.
@@ -146,7 +146,7 @@ fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) ->
         Arc::new(fs.crash_image()),
     )
     .expect("reopen");
-    if let Err(e) = tree.shared.check_structure() {
+    if let Err(e) = tree.shared().check_structure() {
         panic!("structure after recovery: {e}");
     }
     tree
@@ -154,12 +154,12 @@ fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) ->
 
 fn leaf_of(tree: &Tree, key: &[u8]) -> PageId {
     let guard = sync::pin();
-    Path::descend(tree.shared.root_ref(&guard), Seek::Key(key)).leaf()
+    tree.shared().index().descend(&guard, Seek::Key(key)).leaf()
 }
 
 /// Whether leaf `pid`'s cached node has changes that are not on disk, and its page.
 fn node_state(tree: &Tree, pid: PageId) -> (bool, Option<u64>) {
-    let page = tree.shared.pool.read(pid);
+    let page = tree.shared().pool().read(pid);
     let node = NodeRef::from_bytes(page.mini().expect("cached"));
     let dirty = if node.kind() == NodeKind::Leaf {
         node.flags() & FLAG_DIRTY != 0
@@ -170,16 +170,16 @@ fn node_state(tree: &Tree, pid: PageId) -> (bool, Option<u64>) {
 }
 
 fn stage(tree: &Tree, pid: PageId, batch: &mut PageBatch) -> Staged {
-    match tree.shared.stage_leaf(pid, None, batch).expect("stage") {
-        Ok(Some(staged)) => staged,
-        Ok(None) => panic!("a dirty leaf is staged"),
-        Err(_) => panic!("staging restarted"),
+    match tree.shared().stage_leaf(pid, None, batch).expect("stage") {
+        Step::Done(Some(staged)) => staged,
+        Step::Done(None) => panic!("a dirty leaf is staged"),
+        Step::Restart(_) => panic!("staging restarted"),
     }
 }
 
 /// The leaf's page as the tracker has it.
 fn tracked_page(tree: &Tree, pid: PageId) -> Option<u64> {
-    tree.shared.pages.leaf_page(pid)
+    tree.shared().storage().pages().leaf_page(pid)
 }
 
 /// A staged leaf is unlocked while its batch is written. Afterwards: one nobody touched
@@ -213,7 +213,7 @@ fn leaves_changed_while_their_batch_is_written_are_not_marked_clean() {
         tree.insert(k, &wide).expect("split");
     }
     assert!(tree.stats().splits > splits, "no split");
-    tree.shared
+    tree.shared()
         .write_staged(&mut staged, &mut batch)
         .expect("write");
 
@@ -243,7 +243,7 @@ fn leaves_changed_while_their_batch_is_written_are_not_marked_clean() {
     let dropped = staged[0].new;
     tree.checkpoint().expect("checkpoint");
     let kept = tracked_page(&tree, pa);
-    tree.shared
+    tree.shared()
         .write_staged(&mut staged, &mut batch)
         .expect("write");
     assert_ne!(kept, Some(dropped));
@@ -288,7 +288,7 @@ fn the_second_pass_writes_only_leaves_not_written_since_the_lsn() {
         tree.insert(key(i), value(i, 2)).expect("update");
     }
     let mut before_second = 0;
-    tree.shared
+    tree.shared()
         .checkpoint_between(|| {
             for i in 0..n {
                 tree.insert(key(i), value(i, 3)).expect("update");
@@ -305,7 +305,7 @@ fn the_second_pass_writes_only_leaves_not_written_since_the_lsn() {
     // A split after the first pass: the split leaves are written by the second.
     let wide = vec![0x5a; 400];
     let mut before_second = 0;
-    tree.shared
+    tree.shared()
         .checkpoint_between(|| {
             for j in 0..40u32 {
                 tree.insert(format!("k000500-{j:03}"), &wide)
@@ -480,7 +480,7 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
         }
 
         let check = |t: &Tree, whence: &str| {
-            if let Err(e) = t.shared.check_structure() {
+            if let Err(e) = t.shared().check_structure() {
                 panic!("{what}, {whence}: structure: {e}");
             }
             let got: BTreeMap<Vec<u8>, Vec<u8>> = t

@@ -14,7 +14,7 @@
 //! on many pages at once instead of the one in flight per evictor. It stops between batches
 //! as soon as `idle` says writes resumed, and the next pass goes on from where it stopped.
 
-use super::evict::PageBatch;
+use super::batch::PageBatch;
 use super::Shared;
 use crate::error::Result;
 use crate::pool::PageId;
@@ -49,7 +49,7 @@ impl Shared {
             // Never interleaved with a checkpoint: a page built before a checkpoint takes its
             // LSN and written after would count as written since the LSN (`is_fresh`) while
             // lacking writes logged before it.
-            let _one_at_a_time = self.pages.checkpointing.lock();
+            let _one_at_a_time = self.storage().pages().one_at_a_time();
             let written = self
                 .stage_chunk(&chunk, None, &mut staged, &mut batch)
                 .and_then(|()| self.write_staged(&mut staged, &mut batch));
@@ -62,7 +62,7 @@ impl Shared {
 
     /// Writes applied so far (a pause in this count is what `idle_write_back` waits for).
     pub(crate) fn writes_applied(&self) -> u64 {
-        self.counters.sum(|h| &h.writes_buffered)
+        self.counters().writes_buffered()
     }
 }
 

@@ -45,11 +45,11 @@ fn updated_tree(dir: &std::path::Path, idle: Option<Duration>) -> Tree {
 /// (mini-pages over a disk page needing a write-back, all cached nodes needing one).
 fn dirty(tree: &Tree) -> (usize, usize) {
     let (mut minis, mut all) = (0, 0);
-    for (pid, location) in tree.shared.pool.page_entries() {
+    for (pid, location) in tree.shared().pool().page_entries() {
         if !matches!(location, Location::Mini(_)) {
             continue;
         }
-        let page = tree.shared.pool.read(pid);
+        let page = tree.shared().pool().read(pid);
         let Some(bytes) = page.mini() else { continue };
         let node = NodeRef::from_bytes(bytes);
         if needs_write_back(node) {
@@ -82,7 +82,7 @@ fn a_pass_writes_back_every_leaf_reading_each_page_once() {
     let before = tree.stats();
     let mut from = 0;
     assert!(tree
-        .shared
+        .shared()
         .write_back_idle(&mut from, &|| true)
         .expect("pass"));
     let after = tree.stats();
@@ -97,9 +97,11 @@ fn a_pass_writes_back_every_leaf_reading_each_page_once() {
     // The updates stay cached, now as clean records.
     let key0 = key(0);
     let guard = crate::sync::pin();
-    let (_, page) = tree
-        .shared
-        .read_leaf(&guard, super::super::inner::Seek::Key(&key0));
+    let shared = tree.shared();
+    let (_, page) =
+        shared
+            .index()
+            .read_leaf(shared.pool(), &guard, super::super::inner::Seek::Key(&key0));
     let node = NodeRef::from_bytes(page.mini().expect("cached"));
     if node.kind() == NodeKind::Mini {
         assert_eq!(node.record_kind(0), RecordKind::Cache);
@@ -123,15 +125,18 @@ fn a_pass_stopped_by_a_write_goes_on_where_it_stopped() {
         calls.get() == 1
     };
     let mut from = 0;
-    assert!(!tree.shared.write_back_idle(&mut from, &idle).expect("pass"));
+    assert!(!tree
+        .shared()
+        .write_back_idle(&mut from, &idle)
+        .expect("pass"));
     assert_eq!(dirty(&tree).1, all - BATCH, "one batch written");
     assert!(from > 0, "the next pass does not go on from the stop");
     // The leaves before `from` are all written, the ones from it on are not.
     let first_dirty = tree
-        .shared
+        .shared()
         .buffered_leaves(0)
         .find(|&pid| {
-            let page = tree.shared.pool.read(pid);
+            let page = tree.shared().pool().read(pid);
             page.mini()
                 .is_some_and(|b| needs_write_back(NodeRef::from_bytes(b)))
         })
@@ -141,7 +146,7 @@ fn a_pass_stopped_by_a_write_goes_on_where_it_stopped() {
         "leaf {first_dirty} before {from} left dirty"
     );
     assert!(tree
-        .shared
+        .shared()
         .write_back_idle(&mut from, &|| true)
         .expect("pass"));
     assert_eq!(dirty(&tree), (0, 0));

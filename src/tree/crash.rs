@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{background, persist, Tree};
+use super::{persist, Tree};
 use crate::config::Config;
 use crate::error::Result;
 use crate::store::{FaultStore, PageStore};
@@ -28,6 +28,7 @@ pub(super) const DIR: &str = "/powercut";
 
 /// One operation of a scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(fuzzing, bfkv_internals)), allow(unreachable_pub))] // `internals` re-exports it
 pub enum CrashOp {
     /// `insert(key, value)`.
     Insert(Vec<u8>, Vec<u8>),
@@ -42,6 +43,7 @@ pub enum CrashOp {
 /// Where the power goes off; counts start when the disks are created, so the tree's own
 /// open is included.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(fuzzing, bfkv_internals)), allow(unreachable_pub))] // `internals` re-exports it
 pub enum CrashCut {
     /// No cut: the run ends with a clean close (a checkpoint) before the reopen.
     None,
@@ -64,6 +66,7 @@ pub enum CrashCut {
 
 /// What one scenario did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(fuzzing, bfkv_internals)), allow(unreachable_pub))] // `internals` re-exports it
 pub struct CrashOutcome {
     /// Operations that returned success before the first error.
     pub acked: usize,
@@ -135,10 +138,7 @@ pub(super) fn open_with(config: Config, store: Arc<FaultStore>, fs: Arc<MemFs>) 
         fs,
         None,
     )?);
-    Ok(Tree {
-        background: background::Background::start(&shared, 0),
-        shared,
-    })
+    Ok(Tree::from_shared(shared, 0))
 }
 
 /// Fresh disks that lose power together.
@@ -204,7 +204,7 @@ fn check_recovery(
 ) {
     let tree = open(Arc::new(store.crash_image()), Arc::new(fs.crash_image()))
         .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
-    tree.shared
+    tree.shared()
         .check_structure()
         .unwrap_or_else(|e| panic!("{what}: structure: {e}"));
     let got: BTreeMap<Vec<u8>, Vec<u8>> = tree

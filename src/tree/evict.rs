@@ -5,14 +5,18 @@
 //! the last checkpoint references (see `persist.rs`), so a crash at any moment leaves the
 //! last checkpoint intact.
 
-use super::inner::{ChildRef, Entry, Path, Seek};
+use super::batch::PageBatch;
+use super::index::SmoGuard;
+use super::inner::{Entry, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};
-use super::{Attempt, Restart, Shared, FLAG_DIRTY, NO_PAGE};
+use super::stats::Event;
+use super::storage::Storage;
+use super::{Attempt, Restart, Shared, Step, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record};
 use crate::pool::{EvictGuard, Location, PageId, WriteGuard};
 use crate::store::{PageBuf, PageStore};
-use crate::sync::{self, Arc, MutexGuard, Ordering};
+use crate::sync;
 
 /// What the caller wants done with the cached node once its changes are on disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -43,83 +47,13 @@ pub(super) enum Action {
     },
 }
 
-/// Leaves built by checkpoint write-backs, waiting to be written with one `write_batch`
-/// (`checkpoint.rs`). Page `pages[i]` gets `bufs[i]`; buffers beyond `pages.len()` are
-/// spares kept from earlier batches.
-#[derive(Default)]
-pub(super) struct PageBatch {
-    /// Built leaves, and spare buffers.
-    pub(super) bufs: Vec<PageBuf>,
-    /// The allocated page of each built leaf.
-    pub(super) pages: Vec<u64>,
-    /// Leaf pages read ahead with one `read_batch` (`checkpoint.rs`), for the merges of the
-    /// batch's mini-pages to start from instead of reading one page at a time.
-    pub(super) images: Vec<Image>,
-    /// Page buffers no image or built leaf holds, reused so that a long pass does not
-    /// allocate two pages per leaf.
-    pub(super) spare: Vec<PageBuf>,
-}
-
-/// A leaf's disk page, read ahead without its lock held. It is what the leaf's page holds
-/// only while the leaf's write token is still `token`: every write-back, split or removal
-/// changes the token, and a superseded page can be reused for other data.
-pub(super) struct Image {
-    /// The leaf.
-    pub(super) pid: PageId,
-    /// The page read.
-    pub(super) disk: u64,
-    /// The leaf's write token when `disk` was its page.
-    pub(super) token: u64,
-    /// The page's bytes.
-    pub(super) buf: PageBuf,
-}
-
-impl PageBatch {
-    /// Drops the read-ahead images of leaf `pid` unless its write token is still `token`.
-    /// The caller holds the leaf's lock, so a kept image stays valid until it is released.
-    pub(super) fn keep_images_if(&mut self, pid: PageId, token: u64) {
-        self.images.retain(|i| i.pid != pid || i.token == token);
-    }
-
-    /// A page buffer from the spares, or a new one.
-    pub(super) fn spare_buf(&mut self, page_size: usize) -> PageBuf {
-        self.spare.pop().unwrap_or_else(|| PageBuf::new(page_size))
-    }
-
-    /// Returns the buffers of the images no merge took to the spares.
-    pub(super) fn recycle_images(&mut self) {
-        let images = std::mem::take(&mut self.images);
-        self.spare.extend(images.into_iter().map(|i| i.buf));
-    }
-
-    /// Takes the read-ahead image of leaf `pid`'s disk page `disk`, if there is one.
-    fn take_image(&mut self, pid: PageId, disk: u64) -> Option<PageBuf> {
-        let i = self
-            .images
-            .iter()
-            .position(|i| i.pid == pid && i.disk == disk)?;
-        Some(self.images.swap_remove(i).buf)
-    }
-
-    /// The buffer the next leaf is built in: still free until `stage` claims it.
-    fn next_buf(&mut self, page_size: usize) -> &mut PageBuf {
-        let i = self.pages.len();
-        if self.bufs.len() == i {
-            let buf = self.spare_buf(page_size);
-            self.bufs.push(buf);
-        }
-        &mut self.bufs[i]
-    }
-
-    /// Claims the buffer `next_buf` returned, now holding the leaf that lived in page `old`:
-    /// allocates the leaf's new page and stamps it into the leaf.
-    fn stage(&mut self, store: &dyn PageStore, old: Option<u64>) -> Result<Action> {
-        let new = store.allocate()?;
-        let i = self.pages.len();
-        NodeMut::from_bytes(&mut self.bufs[i]).set_disk_page(Some(new));
-        self.pages.push(new);
-        Ok(Action::Staged { old, new })
-    }
+/// What a merge of a mini-page into its leaf's page came to.
+enum Merged {
+    /// The merged leaf is written (or staged).
+    Written(Action),
+    /// The merged records overflow the page or leave it empty: these are they, for the
+    /// general path.
+    Fallback(Vec<Record>),
 }
 
 /// Whether a cached node holds changes its disk page lacks: a dirty (or never written)
@@ -132,29 +66,28 @@ pub(super) fn needs_write_back(node: NodeRef<'_>) -> bool {
 }
 
 impl Shared {
-    /// The eviction callback: writes back the leaf whose block reached the head.
-    pub(super) fn evict_block(&self, page: &mut EvictGuard<'_, '_>, bytes: &[u8]) -> Attempt<()> {
-        Ok(
-            match self.write_back(page.page_id(), bytes, AfterWrite::Detach, None, None)? {
-                Ok(Action::Detach(disk)) | Ok(Action::KeepClean(disk)) => {
-                    page.set_location_disk(disk);
-                    Ok(())
-                }
-                Ok(Action::Staged { .. }) => {
-                    // Only a write-back given a batch stages, and this one has none. Were it
-                    // to happen, failing keeps the block live and intact for a retry.
-                    debug_assert!(false, "eviction got a staged write-back");
-                    Err(Restart::Retry)
-                }
-                Ok(Action::Nothing) => {
-                    // Eviction must free the block: a clean node maps back to its disk page.
-                    let disk = NodeRef::from_bytes(bytes).disk_page().unwrap_or(NO_PAGE);
-                    page.set_location_disk(disk);
-                    Ok(())
-                }
-                Err(r) => Err(r),
-            },
-        )
+    /// The eviction callback (the seam between the pool and write-back): writes back the
+    /// leaf whose block reached the head and detaches the block. A leaf that cannot be
+    /// written now (its split needs the busy structure lock) stays attached, which the pool
+    /// reports as `Evicted::Busy`.
+    pub(super) fn evict_block(&self, page: &mut EvictGuard<'_, '_>, bytes: &[u8]) -> Result<()> {
+        match self.write_back(page.page_id(), bytes, AfterWrite::Detach, None, None)? {
+            Step::Done(Action::Detach(disk) | Action::KeepClean(disk)) => {
+                page.set_location_disk(disk);
+            }
+            Step::Done(Action::Staged { .. }) => {
+                // Only a write-back given a batch stages, and this one has none. Were it to
+                // happen, leaving the block attached keeps it live and intact for a retry.
+                debug_assert!(false, "eviction got a staged write-back");
+            }
+            Step::Done(Action::Nothing) => {
+                // Eviction must free the block: a clean node maps back to its disk page.
+                let disk = NodeRef::from_bytes(bytes).disk_page().unwrap_or(NO_PAGE);
+                page.set_location_disk(disk);
+            }
+            Step::Restart(_) => {}
+        }
+        Ok(())
     }
 
     /// Writes a write-locked leaf's buffered changes to disk. A leaf that comes out empty is
@@ -167,47 +100,42 @@ impl Shared {
         pid: PageId,
         bytes: &[u8],
         after: AfterWrite,
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
         mut batch: Option<&mut PageBatch>,
     ) -> Attempt<Action> {
         let node = NodeRef::from_bytes(bytes);
         let disk = node.disk_page();
         if !needs_write_back(node) {
-            return Ok(Ok(Action::Nothing));
+            return Ok(Step::Done(Action::Nothing));
         }
-        let (records, route_key) = match node.kind() {
-            NodeKind::Leaf => {
-                let records = node_records(node);
-                let route = records.first().map(|r| r.key.to_vec());
-                (records, route)
-            }
-            _ => {
-                let mut route = Vec::new();
-                node.key_into(0, &mut route);
-                let records = match disk {
-                    Some(p) => {
-                        match self.merge_in_place(pid, node, p, after, batch.as_deref_mut())? {
-                            Ok(action) => return Ok(Ok(action)),
-                            Err(records) => records,
-                        }
-                    }
-                    None => live_records(node),
-                };
-                (records, Some(route))
-            }
+        let (records, route_key) = if node.kind() == NodeKind::Leaf {
+            let records = node_records(node);
+            let route = records.first().map(|r| r.key.to_vec());
+            (records, route)
+        } else {
+            let mut route = Vec::new();
+            node.key_into(0, &mut route);
+            let records = match disk {
+                Some(p) => match self.merge_in_place(pid, node, p, after, batch.as_deref_mut())? {
+                    Merged::Written(action) => return Ok(Step::Done(action)),
+                    Merged::Fallback(records) => records,
+                },
+                None => live_records(node),
+            };
+            (records, Some(route))
         };
-        self.counters.write_backs.fetch_add(1, Ordering::Relaxed);
+        self.counters().count(Event::WriteBack);
 
         let guard = sync::pin();
         // Bounds come from the structure: any key the leaf holds routes to it while we hold
         // its lock. A leaf with no key at all is written with its own (hint) fences.
         let path = route_key
             .as_deref()
-            .map(|k| Path::descend(self.root_ref(&guard), Seek::Key(k)));
+            .map(|k| self.index().descend(&guard, Seek::Key(k)));
         if let Some(p) = &path {
             if p.leaf() != pid {
                 debug_assert!(false, "leaf lock held but its key routes elsewhere");
-                return Ok(Err(Restart::Retry));
+                return Ok(Step::Restart(Restart::Retry));
             }
         }
         let (low, high) = match &path {
@@ -218,21 +146,21 @@ impl Shared {
         if records.is_empty() {
             if let Some(key) = &route_key {
                 if self.unlink_empty(pid, disk, key, smo) {
-                    return Ok(Ok(Action::Detach(NO_PAGE)));
+                    return Ok(Step::Done(Action::Detach(NO_PAGE)));
                 }
                 if smo.is_none() && batch.is_some() {
                     // A pass that may skip leaves (a checkpoint's first, or the idle
                     // write-back) leaves an emptied leaf it cannot unlink now to a pass that
                     // holds the structure lock, rather than write it as an empty page that
                     // nothing would remove later.
-                    return Ok(Err(Restart::Retry));
+                    return Ok(Step::Restart(Restart::Retry));
                 }
             }
         }
 
         let groups = node::split_records(
             &records,
-            self.page_size,
+            self.page_size(),
             NodeKind::Leaf,
             low.as_deref(),
             high.as_deref(),
@@ -241,32 +169,32 @@ impl Shared {
             let local;
             let smo = match smo {
                 Some(s) => s,
-                None => match self.try_smo() {
+                None => match self.index().try_smo() {
                     Some(s) => {
                         local = s;
                         &local
                     }
-                    None => return Ok(Err(Restart::Retry)),
+                    None => return Ok(Step::Restart(Restart::Retry)),
                 },
             };
             let key = route_key.as_deref().unwrap_or_default();
             return self.write_split(pid, disk, key, &records, &groups, high.as_deref(), smo);
         }
 
-        let Some(store) = &self.store else {
-            return Ok(Ok(Action::Nothing));
+        let Some(store) = self.storage().store() else {
+            return Ok(Step::Done(Action::Nothing));
         };
         let (low, high) = (low.as_deref(), high.as_deref());
         if let Some(batch) = batch {
-            let buf = batch.next_buf(self.page_size);
+            let buf = batch.next_buf(self.page_size());
             self.build_leaf(buf, low, high, &records)?;
-            return Ok(Ok(batch.stage(&**store, disk)?));
+            return Ok(Step::Done(batch.stage(&**store, disk)?));
         }
-        let new_page = with_page_buf(self.page_size, |buf| -> Result<u64> {
+        let new_page = with_page_buf(self.page_size(), |buf| -> Result<u64> {
             self.build_leaf(buf, low, high, &records)?;
-            self.write_new_page(store, buf)
+            Storage::write_new_page(&**store, buf)
         })?;
-        Ok(Ok(self.moved(pid, disk, new_page, after)))
+        Ok(Step::Done(self.moved(pid, disk, new_page, after)))
     }
 
     /// Builds one leaf of `records` between the fences in `buf`.
@@ -280,20 +208,8 @@ impl Shared {
         buf.fill(0);
         node::build(buf, NodeKind::Leaf, low, high, records).map_err(|_| {
             // `split_records` said one page suffices; never write a partial leaf.
-            crate::error::Error::corruption(&self.data_path, None, "leaf did not fit its page")
+            self.storage().corruption(None, "leaf did not fit its page")
         })
-    }
-
-    /// Writes the leaf built in `buf` to a newly allocated page (freed again if the write
-    /// fails) and returns the page.
-    fn write_new_page(&self, store: &Arc<dyn PageStore>, buf: &mut PageBuf) -> Result<u64> {
-        let page = store.allocate()?;
-        NodeMut::from_bytes(buf).set_disk_page(Some(page));
-        if let Err(e) = store.write(page, buf) {
-            let _ = store.free(page);
-            return Err(e);
-        }
-        Ok(page)
     }
 
     /// Records that leaf `pid` now lives in `new` instead of `old` and says what becomes of
@@ -306,9 +222,9 @@ impl Shared {
         after: AfterWrite,
     ) -> Action {
         if let Some(old) = old {
-            self.pages.supersede(self, old);
+            self.storage().supersede(old);
         }
-        self.pages.written(pid, new);
+        self.storage().pages().written(pid, new);
         match after {
             AfterWrite::Detach => Action::Detach(new),
             AfterWrite::Keep => Action::KeepClean(new),
@@ -326,50 +242,53 @@ impl Shared {
         disk: u64,
         after: AfterWrite,
         batch: Option<&mut PageBatch>,
-    ) -> Result<std::result::Result<Action, Vec<Record>>> {
-        let Some(store) = &self.store else {
-            return Ok(Err(Vec::new()));
+    ) -> Result<Merged> {
+        let Some(store) = self.storage().store() else {
+            return Ok(Merged::Fallback(Vec::new()));
         };
         // Given the leaf's page in `buf`: the merged leaf, or the records to fall back with.
         let merge = |buf: &mut PageBuf| -> Result<Option<Vec<Record>>> {
-            self.check_leaf(disk, buf)?;
+            self.storage().check_leaf(disk, buf)?;
             let merged = NodeMut::from_bytes(buf).merge_from(mini);
             // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
             // by the general path.
             if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
                 return Ok(Some(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
             }
-            self.counters.write_backs.fetch_add(1, Ordering::Relaxed);
+            self.counters().count(Event::WriteBack);
             Ok(None)
         };
         if let Some(batch) = batch {
             let image = batch.take_image(pid, disk);
-            let buf = batch.next_buf(self.page_size);
-            let replaced = match image {
-                // Read ahead under the write token the caller checked (`keep_images_if`).
-                Some(mut image) => {
-                    std::mem::swap(buf, &mut image);
-                    Some(image)
-                }
-                None => {
-                    self.read_page(disk, buf)?;
-                    None
-                }
+            let buf = batch.next_buf(self.page_size());
+            // An image read ahead under the write token the caller checked
+            // (`keep_images_if`) saves the read.
+            let replaced = if let Some(mut image) = image {
+                std::mem::swap(buf, &mut image);
+                Some(image)
+            } else {
+                self.storage().read_page(disk, buf)?;
+                None
             };
             let merged = merge(buf);
-            batch.spare.extend(replaced);
+            batch.give_spare(replaced);
             if let Some(records) = merged? {
-                return Ok(Err(records));
+                return Ok(Merged::Fallback(records));
             }
-            return Ok(Ok(batch.stage(&**store, Some(disk))?));
+            return Ok(Merged::Written(batch.stage(&**store, Some(disk))?));
         }
-        with_page_buf(self.page_size, |buf| {
-            self.read_page(disk, buf)?;
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(disk, buf)?;
             if let Some(records) = merge(buf)? {
-                return Ok(Err(records));
+                return Ok(Merged::Fallback(records));
             }
-            let new_page = self.write_new_page(store, buf)?;
-            Ok(Ok(self.moved(pid, Some(disk), new_page, after)))
+            let new_page = Storage::write_new_page(&**store, buf)?;
+            Ok(Merged::Written(self.moved(
+                pid,
+                Some(disk),
+                new_page,
+                after,
+            )))
         })
     }
 
@@ -381,12 +300,12 @@ impl Shared {
         pid: PageId,
         disk: Option<u64>,
         key: &[u8],
-        smo: Option<&MutexGuard<'_, ()>>,
+        smo: Option<&SmoGuard<'_>>,
     ) -> bool {
         let local;
         let smo = match smo {
             Some(s) => s,
-            None => match self.try_smo() {
+            None => match self.index().try_smo() {
                 Some(s) => {
                     local = s;
                     &local
@@ -398,11 +317,11 @@ impl Shared {
             return false;
         }
         if let Some(d) = disk {
-            self.pages.supersede(self, d);
+            self.storage().supersede(d);
         }
-        self.pages.forget_leaf(pid);
-        self.pages.orphan(pid);
-        self.counters.leaves_removed.fetch_add(1, Ordering::Relaxed);
+        self.storage().pages().forget_leaf(pid);
+        self.storage().pages().orphan(pid);
+        self.counters().count(Event::LeafRemoved);
         true
     }
 
@@ -416,22 +335,22 @@ impl Shared {
         records: &[Record],
         groups: &[(std::ops::Range<usize>, Option<Vec<u8>>)],
         high: Option<&[u8]>,
-        smo: &MutexGuard<'_, ()>,
+        smo: &SmoGuard<'_>,
     ) -> Attempt<Action> {
-        let Some(store) = &self.store else {
-            return Ok(Ok(Action::Nothing));
+        let Some(store) = self.storage().store() else {
+            return Ok(Step::Done(Action::Nothing));
         };
         // Ids for the new leaves first: running out of them must leave nothing to undo.
         let mut new_leaves = Vec::with_capacity(groups.len() - 1);
         for _ in 1..groups.len() {
-            let Some(leaf) = self.pool.insert_page(Location::Disk(NO_PAGE)) else {
+            let Some(leaf) = self.pool().insert_page(Location::Disk(NO_PAGE)) else {
                 new_leaves.into_iter().for_each(WriteGuard::remove);
                 return Err(crate::error::Error::too_many_leaves());
             };
             new_leaves.push(leaf);
         }
         let guard = sync::pin();
-        let path = Path::descend(self.root_ref(&guard), Seek::Key(key));
+        let path = self.index().descend(&guard, Seek::Key(key));
         let (low, _) = path.bounds();
         let pages = match self.write_leaves(&**store, low.as_deref(), high, records, groups) {
             Ok(pages) => pages,
@@ -440,26 +359,23 @@ impl Shared {
                 return Err(e);
             }
         };
-        let mut entries = vec![Entry {
-            key: low.clone().unwrap_or_default(),
-            child: ChildRef::Leaf(pid),
-        }];
+        let mut entries = vec![Entry::leaf(low.clone().unwrap_or_default(), pid)];
         for ((g, page_no), mut new_leaf) in pages.iter().enumerate().skip(1).zip(new_leaves) {
             drop(new_leaf.set_location_disk(*page_no));
-            self.pages.written(new_leaf.page_id(), *page_no);
-            entries.push(Entry {
-                key: groups[g].1.clone().unwrap_or_default(),
-                child: ChildRef::Leaf(new_leaf.page_id()),
-            });
+            self.storage().pages().written(new_leaf.page_id(), *page_no);
+            entries.push(Entry::leaf(
+                groups[g].1.clone().unwrap_or_default(),
+                new_leaf.page_id(),
+            ));
         }
         let published = self.publish(smo, key, pid, entries);
         debug_assert!(published);
-        self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        self.counters().count(Event::Split);
         if let Some(old) = old_disk {
-            self.pages.supersede(self, old);
+            self.storage().supersede(old);
         }
-        self.pages.written(pid, pages[0]);
-        Ok(Ok(Action::Detach(pages[0])))
+        self.storage().pages().written(pid, pages[0]);
+        Ok(Step::Done(Action::Detach(pages[0])))
     }
 
     /// Builds one leaf per group (the first bounded below by `low`, the last above by
@@ -479,15 +395,13 @@ impl Shared {
             for (g, (range, glow)) in groups.iter().enumerate() {
                 let gl = if g == 0 { low } else { glow.as_deref() };
                 let gh = groups.get(g + 1).map_or(high, |(_, next)| next.as_deref());
-                let mut buf = PageBuf::new(self.page_size);
+                let mut buf = PageBuf::new(self.page_size());
                 let page_no = store.allocate()?;
                 pages.push(page_no);
                 if node::build(&mut buf, NodeKind::Leaf, gl, gh, &records[range.clone()]).is_err() {
-                    return Err(crate::error::Error::corruption(
-                        &self.data_path,
-                        Some(page_no),
-                        "leaf did not fit its page",
-                    ));
+                    return Err(self
+                        .storage()
+                        .corruption(Some(page_no), "leaf did not fit its page"));
                 }
                 NodeMut::from_bytes(&mut buf).set_disk_page(Some(page_no));
                 bufs.push(buf);
@@ -508,8 +422,8 @@ impl Shared {
     /// Frees the page ids of leaves removed while their guard belonged to someone else.
     /// Called with no leaf lock held.
     pub(crate) fn drain_orphans(&self) {
-        for pid in self.pages.take_orphans() {
-            self.pool.write(pid).remove();
+        for pid in self.storage().pages().take_orphans() {
+            self.pool().write(pid).remove();
         }
     }
 }

@@ -41,9 +41,19 @@ pub(crate) enum ChildRef {
 #[derive(Clone)]
 pub(crate) struct Entry {
     /// The entry's separator (for the first entry of a node: its low bound, or empty).
-    pub key: Vec<u8>,
+    key: Vec<u8>,
     /// The child.
-    pub child: ChildRef,
+    child: ChildRef,
+}
+
+impl Entry {
+    /// The entry for a leaf whose keys start at `low` (empty: the node's first entry).
+    pub(crate) fn leaf(low: Vec<u8>, pid: PageId) -> Entry {
+        Entry {
+            key: low,
+            child: ChildRef::Leaf(pid),
+        }
+    }
 }
 
 impl Inner {

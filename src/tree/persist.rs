@@ -18,10 +18,16 @@
 //! | ... | n × (page id u32, disk page u64, low-bound length u16, low-bound bytes) in key order |
 //! | last 4 | crc32c of everything before |
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path as FsPath, PathBuf};
 
+use super::index::Index;
+use super::journal::Journal;
+use super::pages::PageTracker;
+use super::stats::Event;
+use super::storage::Storage;
 use super::{inner, Shared};
 use crate::config::{Config, IoBackend};
 use crate::error::{Error, Result};
@@ -35,128 +41,6 @@ use crate::Durability;
 const MAGIC: &[u8; 8] = b"BFKVCKP1";
 const FORMAT: u32 = 1;
 const HEADER: usize = 32;
-
-/// Which disk pages are in use by what, so that freed pages are reused without ever
-/// overwriting what the last checkpoint needs.
-#[derive(Default)]
-pub(crate) struct PageTracker {
-    inner: Mutex<Tracked>,
-    pub(super) checkpointing: Mutex<()>,
-}
-
-#[derive(Default)]
-struct Tracked {
-    /// The newest written page of each leaf.
-    leaf_pages: HashMap<PageId, u64>,
-    /// For each leaf id, its last change: the `changes` count then, and whether it was a
-    /// write of its page (not a split or a removal). Kept for removed ids, which are reused.
-    last_change: HashMap<PageId, (u64, bool)>,
-    /// Leaf writes, splits and removals so far.
-    changes: u64,
-    /// `changes` when the running (or last) checkpoint took its LSN.
-    checkpoint_started: u64,
-    /// Pages the last durable checkpoint references.
-    checkpointed: HashSet<u64>,
-    /// Pages the checkpoint being written references.
-    in_progress: HashSet<u64>,
-    /// Superseded pages that one of the above still references.
-    deferred: Vec<u64>,
-    /// Page ids of leaves unlinked from the tree whose entries are still to be freed.
-    orphans: Vec<PageId>,
-}
-
-impl Tracked {
-    /// Records that leaf `pid` was written (`write`) or split or removed.
-    fn changed(&mut self, pid: PageId, write: bool) {
-        self.changes += 1;
-        let now = self.changes;
-        self.last_change.insert(pid, (now, write));
-    }
-}
-
-impl PageTracker {
-    fn from_checkpoint(leaves: &[(PageId, u64)]) -> PageTracker {
-        let tracker = PageTracker::default();
-        {
-            let mut t = tracker.inner.lock();
-            t.leaf_pages = leaves.iter().copied().collect();
-            t.checkpointed = leaves.iter().map(|&(_, p)| p).collect();
-        }
-        tracker
-    }
-
-    /// Leaf `pid` now lives in `page`.
-    pub(crate) fn written(&self, pid: PageId, page: u64) {
-        let mut t = self.inner.lock();
-        t.leaf_pages.insert(pid, page);
-        t.changed(pid, true);
-    }
-
-    /// A checkpoint took its LSN: pages written before now may lack writes it must cover.
-    pub(crate) fn start_checkpoint(&self) {
-        let mut t = self.inner.lock();
-        t.checkpoint_started = t.changes;
-    }
-
-    /// Leaf `pid`'s bounds changed (split, or replaced): its page, built with the old bounds,
-    /// no longer suits a checkpoint.
-    pub(crate) fn restructured(&self, pid: PageId) {
-        self.inner.lock().changed(pid, false);
-    }
-
-    /// Whether leaf `pid`'s page was written since the running checkpoint took its LSN, with
-    /// the bounds it has now (nothing split or removed it since): that page holds every
-    /// write the checkpoint must cover.
-    pub(crate) fn is_fresh(&self, pid: PageId) -> bool {
-        let t = self.inner.lock();
-        matches!(t.last_change.get(&pid), Some(&(at, true)) if at > t.checkpoint_started)
-    }
-
-    /// A count that changes whenever leaf `pid` is written, split or removed (a page number
-    /// alone can come back: superseded pages are reused). Whoever changes it holds the
-    /// leaf's lock, so it is stable under that lock.
-    pub(crate) fn write_token(&self, pid: PageId) -> u64 {
-        self.inner
-            .lock()
-            .last_change
-            .get(&pid)
-            .map_or(0, |&(at, _)| at)
-    }
-
-    /// The newest written page of leaf `pid`.
-    #[cfg(all(test, not(shuttle)))]
-    pub(crate) fn leaf_page(&self, pid: PageId) -> Option<u64> {
-        self.inner.lock().leaf_pages.get(&pid).copied()
-    }
-
-    /// Leaf `pid` is gone.
-    pub(crate) fn forget_leaf(&self, pid: PageId) {
-        let mut t = self.inner.lock();
-        t.leaf_pages.remove(&pid);
-        t.changed(pid, false);
-    }
-
-    /// `page` no longer holds a current leaf: free it now, or after the next checkpoint if a
-    /// checkpoint references it.
-    pub(crate) fn supersede(&self, tree: &Shared, page: u64) {
-        let mut t = self.inner.lock();
-        if t.checkpointed.contains(&page) || t.in_progress.contains(&page) {
-            t.deferred.push(page);
-        } else if let Some(store) = &tree.store {
-            // A failure here means the page was not allocated: a bookkeeping bug that must
-            // not take the write down with it; the page is merely not reused.
-            let _ = store.free(page);
-        }
-    }
-
-    pub(crate) fn orphan(&self, pid: PageId) {
-        self.inner.lock().orphans.push(pid);
-    }
-
-    pub(crate) fn take_orphans(&self) -> Vec<PageId> {
-        std::mem::take(&mut self.inner.lock().orphans)
-    }
-}
 
 /// The advisory lock that keeps a directory to one open `Tree`.
 pub(crate) struct DirLock {
@@ -172,7 +56,6 @@ impl DirLock {
             .write(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        use std::os::unix::io::AsRawFd;
         // SAFETY: flock only reads the descriptor, which `file` keeps open for the call.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -199,26 +82,25 @@ impl DirLock {
 pub(crate) fn open(config: Config) -> Result<Shared> {
     let Some(dir) = config.dir.clone() else {
         let pool = BufferPool::new(config.cache_size, 0)?;
-        let root = Shared::empty_root(&pool, config.page_size)?;
+        let index = Index::new(
+            Shared::empty_root(&pool, config.page_size)?,
+            config.page_size,
+        );
         return Ok(Shared::assemble(
             config,
             pool,
+            index,
+            Storage::in_memory(),
+            Journal::none(),
             None,
-            PathBuf::from("<memory>"),
-            root,
-            PageTracker::default(),
-            None,
-            None,
-            0,
         ));
     };
     fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let lock = DirLock::acquire(&dir)?;
     let backend = match config.io_backend {
-        IoBackend::Pread => Backend::Pread,
         IoBackend::IoUring => Backend::IoUring,
         IoBackend::Auto if cfg!(target_os = "linux") => Backend::IoUring,
-        IoBackend::Auto => Backend::Pread,
+        IoBackend::Pread | IoBackend::Auto => Backend::Pread,
     };
     let data_path = dir.join("data");
     let store: Arc<dyn PageStore> =
@@ -245,40 +127,37 @@ pub(crate) fn open_on(
     };
     let file_pages = store.stats().file_pages;
     let checkpoint_lsn = loaded.as_ref().map_or(0, |(lsn, _)| *lsn);
-    let (pool, root, tracker) = match loaded {
-        Some((_, leaves)) => {
-            let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
-            for l in &leaves {
-                if l.page < FIRST_DATA_PAGE || l.page >= file_pages {
-                    return Err(Error::corruption(
-                        &ckpt_path,
-                        None,
-                        "leaf page outside the data file",
-                    ));
-                }
+    let (pool, root, tracker) = if let Some((_, leaves)) = loaded {
+        let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
+        for l in &leaves {
+            if l.page < FIRST_DATA_PAGE || l.page >= file_pages {
+                return Err(Error::corruption(
+                    &ckpt_path,
+                    None,
+                    "leaf page outside the data file",
+                ));
             }
-            let entries: Vec<(PageId, u64)> = leaves.iter().map(|l| (l.pid, l.page)).collect();
-            let pool =
-                BufferPool::with_pages(config.cache_size, config.second_chance_percent, &entries)?;
-            let root = inner::bulk_load(
-                leaves.into_iter().map(|l| (l.low, l.pid)).collect(),
-                config.page_size,
-            )
-            .ok_or_else(|| Error::corruption(&ckpt_path, None, "checkpoint has no leaves"))?;
-            store.set_free_pages(
-                (FIRST_DATA_PAGE..file_pages)
-                    .filter(|p| !referenced.contains(p))
-                    .collect(),
-            )?;
-            (pool, root, PageTracker::from_checkpoint(&entries))
         }
-        None => {
-            // No checkpoint: nothing was ever committed here, so every data page is free.
-            store.set_free_pages((FIRST_DATA_PAGE..file_pages).collect())?;
-            let pool = BufferPool::new(config.cache_size, config.second_chance_percent)?;
-            let root = Shared::empty_root(&pool, config.page_size)?;
-            (pool, root, PageTracker::default())
-        }
+        let entries: Vec<(PageId, u64)> = leaves.iter().map(|l| (l.pid, l.page)).collect();
+        let pool =
+            BufferPool::with_pages(config.cache_size, config.second_chance_percent, &entries)?;
+        let root = inner::bulk_load(
+            leaves.into_iter().map(|l| (l.low, l.pid)).collect(),
+            config.page_size,
+        )
+        .ok_or_else(|| Error::corruption(&ckpt_path, None, "checkpoint has no leaves"))?;
+        store.set_free_pages(
+            (FIRST_DATA_PAGE..file_pages)
+                .filter(|p| !referenced.contains(p))
+                .collect(),
+        )?;
+        (pool, root, PageTracker::from_checkpoint(&entries))
+    } else {
+        // No checkpoint: nothing was ever committed here, so every data page is free.
+        store.set_free_pages((FIRST_DATA_PAGE..file_pages).collect())?;
+        let pool = BufferPool::new(config.cache_size, config.second_chance_percent)?;
+        let root = Shared::empty_root(&pool, config.page_size)?;
+        (pool, root, PageTracker::default())
     };
     let wal = Wal::open_on(
         fs,
@@ -299,16 +178,15 @@ pub(crate) fn open_on(
             },
         },
     )?;
+    let durability = config.durability;
+    let index = Index::new(root, config.page_size);
     let shared = Shared::assemble(
         config,
         pool,
-        Some(store),
-        data_path,
-        root,
-        tracker,
+        index,
+        Storage::new(store, data_path, tracker),
+        Journal::new(wal, durability, checkpoint_lsn),
         lock,
-        Some(wal),
-        checkpoint_lsn,
     );
     shared.replay_log()?;
     Ok(shared)
@@ -425,15 +303,19 @@ impl Shared {
 
     /// `checkpoint`, running `between` after the first pass (tests write there).
     pub(super) fn checkpoint_between(&self, between: impl FnOnce()) -> Result<()> {
-        let (Some(store), Some(dir), Some(wal)) = (&self.store, &self.config.dir, &self.wal) else {
+        let (Some(store), Some(dir), Some(wal)) = (
+            self.storage().store(),
+            &self.config().dir,
+            self.journal().wal(),
+        ) else {
             return Ok(());
         };
-        let _one_at_a_time = self.pages.checkpointing.lock();
+        let _one_at_a_time = self.storage().pages().one_at_a_time();
         self.drain_orphans();
         // Every write below this LSN was applied before it was logged, so the leaves written
         // below hold it; replay after a crash starts here.
         let lsn = wal.next_lsn();
-        self.pages.start_checkpoint();
+        self.storage().pages().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
@@ -445,49 +327,27 @@ impl Shared {
             // split meanwhile) are left to write, so writers that need a split wait
             // briefly. Leaf locks are taken while holding it: safe, because leaf-lock holders
             // only ever try the structure lock.
-            let smo = self.lock_smo();
+            let smo = self.index().lock_smo();
             self.checkpoint_pass(Some(&smo))?;
-            let leaves = self.leaf_list();
-            let mut t = self.pages.inner.lock();
-            let mut snapshot = Vec::with_capacity(leaves.len());
-            for (low, pid) in leaves {
-                let Some(&page) = t.leaf_pages.get(&pid) else {
-                    return Err(Error::corruption(
-                        &self.data_path,
-                        None,
-                        "leaf without a disk page at checkpoint",
-                    ));
-                };
-                snapshot.push((low, pid, page));
-            }
-            t.in_progress = snapshot.iter().map(|&(_, _, p)| p).collect();
+            let leaves = self.index().leaves();
+            let snapshot = self.storage().pages().begin_snapshot(leaves);
             drop(smo);
-            snapshot
+            snapshot.map_err(|_| {
+                self.storage()
+                    .corruption(None, "leaf without a disk page at checkpoint")
+            })?
         };
         let result = store.sync().and_then(|()| {
-            let bytes = encode(self.page_size, lsn, &snapshot);
+            let bytes = encode(self.page_size(), lsn, &snapshot);
             write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
         });
-        let mut t = self.pages.inner.lock();
-        let in_progress = std::mem::take(&mut t.in_progress);
+        for p in self.storage().pages().finish_checkpoint(result.is_ok()) {
+            self.storage().free(p);
+        }
         if result.is_ok() {
-            t.checkpointed = in_progress;
-            let deferred = std::mem::take(&mut t.deferred);
-            let (keep, free): (Vec<u64>, Vec<u64>) = deferred
-                .into_iter()
-                .partition(|p| t.checkpointed.contains(p));
-            t.deferred = keep;
-            drop(t);
-            for p in free {
-                let _ = store.free(p);
-            }
-            self.counters
-                .checkpoints
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.checkpoint_lsn
-                .store(lsn, std::sync::atomic::Ordering::Release);
+            self.counters().count(Event::Checkpoint);
             // The checkpoint is durable: the log below its LSN is no longer needed.
-            wal.release_before(lsn)?;
+            self.journal().checkpointed(lsn)?;
         }
         result
     }

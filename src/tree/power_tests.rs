@@ -38,11 +38,11 @@ fn workload() -> Vec<CrashOp> {
         }
         let r = next();
         let key = format!("key-{:05}", r % u64::from(KEYS)).into_bytes();
-        if r >> 50 & 7 == 0 {
+        if (r >> 50) % 8 == 0 {
             // A lookup of a key that may be present or removed, checked against the model.
             ops.push(CrashOp::Get(key.clone()));
         }
-        ops.push(if seq > 300 && r >> 40 & 3 == 0 {
+        ops.push(if seq > 300 && (r >> 40) % 4 == 0 {
             CrashOp::Remove(key)
         } else {
             let len = 20 + (r >> 20) as usize % 120;

@@ -12,11 +12,12 @@ use std::ops::Bound;
 
 use super::inner::{Path, Seek};
 use super::leaf::{node_records, with_page_buf};
+use super::stats::Event;
 use super::{Shared, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
 use crate::node::{self, NodeKind, NodeMut, NodeRef, RecordKind};
 use crate::pool::{Location, ReadGuard};
-use crate::sync::{self, Ordering};
+use crate::sync;
 
 /// Most chance, in percent, that a scan keeps a leaf it read from disk as a mirror: scans
 /// were measured (YCSB-E) with the promotion default at 50 %, and a whole page for every
@@ -30,6 +31,17 @@ pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
 ///
 /// Yields `Result<(key, value)>`: an I/O or corruption error while reading a leaf is
 /// returned once, after which the iterator ends.
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// for i in 0u8..10 {
+///     tree.insert([i], [i])?;
+/// }
+/// // Keys 3..7 in descending order, stopping after two.
+/// let last_two: Vec<_> = tree.range([3u8]..[7u8]).rev().take(2).collect::<Result<_, _>>()?;
+/// assert_eq!(last_two, [(vec![6], vec![6]), (vec![5], vec![5])]);
+/// # Ok::<(), bfkv::Error>(())
+/// ```
 pub struct Range<'t> {
     tree: &'t Shared,
     lower: Bound<Vec<u8>>,
@@ -109,7 +121,7 @@ impl<'t> Range<'t> {
                 Bound::Unbounded => Seek::First,
                 Bound::Included(k) | Bound::Excluded(k) => Seek::Key(k),
             };
-            let (path, page) = self.tree.read_leaf(&guard, seek);
+            let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = Vec::new();
             let has_high = path.high_into(&mut high);
             let items = self
@@ -136,7 +148,7 @@ impl<'t> Range<'t> {
                 Bound::Included(k) => Seek::Key(k),
                 Bound::Excluded(k) => Seek::Before(k),
             };
-            let (path, page) = self.tree.read_leaf(&guard, seek);
+            let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut low = Vec::new();
             let has_low = path.low_into(&mut low);
             let items = self
@@ -153,9 +165,10 @@ impl<'t> Range<'t> {
         Ok(())
     }
 
-    fn fail(&mut self, e: crate::Error) -> Option<Result<KeyValue>> {
+    /// Ends the iteration with `e` as its last item.
+    fn fail(&mut self, e: crate::Error) -> Result<KeyValue> {
         self.finished = true;
-        Some(Err(e))
+        Err(e)
     }
 }
 
@@ -167,7 +180,7 @@ impl Iterator for Range<'_> {
             return None;
         }
         if let Err(e) = self.fill_front() {
-            return self.fail(e);
+            return Some(self.fail(e));
         }
         let Some((k, v)) = self.front_buf.pop_front() else {
             self.finished = true;
@@ -188,7 +201,7 @@ impl DoubleEndedIterator for Range<'_> {
             return None;
         }
         if let Err(e) = self.fill_back() {
-            return self.fail(e);
+            return Some(self.fail(e));
         }
         let Some((k, v)) = self.back_buf.pop_front() else {
             self.finished = true;
@@ -264,10 +277,7 @@ impl Shared {
                 let node = NodeRef::from_bytes(bytes);
                 let slice = node_slice(node, start, end);
                 if node.kind() == NodeKind::Leaf {
-                    self.counters
-                        .hot()
-                        .cache_hits
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters().count(Event::CacheHit);
                     return Ok(slice
                         .into_iter()
                         .filter(|r| r.2.exists())
@@ -284,15 +294,12 @@ impl Shared {
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
             return Ok(overlay(Vec::new(), over));
         };
-        self.counters
-            .hot()
-            .cache_misses
-            .fetch_add(1, Ordering::Relaxed);
-        with_page_buf(self.page_size, |buf| {
-            self.read_page(disk, buf)?;
-            let leaf = self.check_leaf(disk, buf)?;
+        self.counters().count(Event::CacheMiss);
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(disk, buf)?;
+            let leaf = self.storage().check_leaf(disk, buf)?;
             let items = overlay(node_slice(leaf, start, end), over);
-            if self.config.promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
+            if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > super::leaf::percent_roll()
             {
                 if let Ok(mut w) = page.try_upgrade() {
@@ -322,7 +329,7 @@ impl Shared {
         let (low, high) = path.bounds();
         if node::split_records(
             &records,
-            self.page_size,
+            self.page_size(),
             NodeKind::Leaf,
             low.as_deref(),
             high.as_deref(),
@@ -332,7 +339,7 @@ impl Shared {
         {
             return;
         }
-        let Some(mut block) = self.pool.alloc(self.page_size, page.page_id()) else {
+        let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
             return;
         };
         if node::build(
@@ -350,8 +357,8 @@ impl Shared {
         node.set_disk_page(Some(disk));
         node.set_flags(if dirty { FLAG_DIRTY } else { 0 });
         if let Some(old) = page.set_mini(block) {
-            self.pool.dealloc(old);
+            self.pool().dealloc(old);
         }
-        self.counters.scan_mirrors.fetch_add(1, Ordering::Relaxed);
+        self.counters().count(Event::ScanMirror);
     }
 }

@@ -33,7 +33,7 @@ fn contents(tree: &Tree) -> Vec<Kv> {
 
 /// Checks the structure and that the tree holds exactly `expected`.
 fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
-    if let Err(e) = tree.shared.check_structure() {
+    if let Err(e) = tree.shared().check_structure() {
         panic!("structure: {e}");
     }
     let want: Vec<Kv> = expected
@@ -49,15 +49,15 @@ fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
 /// Evicts every block, so every leaf lives on disk only.
 fn evict_all(tree: &Tree) {
     for _ in 0..10_000 {
-        if tree.shared.pool.stats().bytes_in_use == 0 {
+        if tree.shared().pool().stats().bytes_in_use == 0 {
             return;
         }
-        tree.shared.make_room().expect("evict");
+        tree.shared().make_room().expect("evict");
     }
     panic!("the buffer never emptied");
 }
 
-/// A file-backed tree with the smallest cache, on the portable backend (io_uring rings are
+/// A file-backed tree with the smallest cache, on the portable backend (`io_uring` rings are
 /// per OS thread, and shuttle runs every model thread on one).
 fn tiny_file_tree(dir: &std::path::Path) -> Tree {
     Tree::open(
@@ -150,8 +150,8 @@ fn get_races_eviction() {
             let k = vec![b'g', 7];
             let v = val(&k, 1, 40);
             tree.insert(&k, &v).expect("insert");
-            tree.shared.make_room().expect("evict");
-            tree.shared.make_room().expect("evict");
+            tree.shared().make_room().expect("evict");
+            tree.shared().make_room().expect("evict");
             (k, v)
         })
     };
@@ -189,7 +189,7 @@ fn scan_races_split_and_merge() {
     }
     // The layout is deterministic: [.., a2 m0] [m1 m2] [z0 ..]; the removals empty the
     // middle leaf.
-    let leaves = tree.shared.leaf_list();
+    let leaves = tree.shared().index().leaves();
     assert!(
         leaves
             .windows(2)
@@ -252,7 +252,7 @@ fn scan_races_split_and_merge() {
                     let known =
                         stable.contains_key(k) || churn.contains(k) || (k[0] == b'z' && k[1] >= 10);
                     assert!(known, "rev {rev}: scan invented {k:?}");
-                    assert_eq!(v[1..1 + k.len()], k[..], "rev {rev}: torn value for {k:?}");
+                    assert_eq!(v[1..=k.len()], k[..], "rev {rev}: torn value for {k:?}");
                 }
             }
         })

@@ -5,6 +5,16 @@ use crate::sync::{AtomicU64, Ordering};
 use super::Shared;
 
 /// A snapshot of a tree's counters since it was opened (see [`Tree::stats`](crate::Tree::stats)).
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// let before = tree.stats();
+/// tree.insert(b"k", b"v")?;
+/// tree.get(b"k")?;
+/// let after = tree.stats();
+/// assert_eq!(after.cache_hits - before.cache_hits, 1);
+/// # Ok::<(), bfkv::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -68,39 +78,105 @@ const STRIPES: usize = 8;
 /// next to it).
 #[derive(Default)]
 #[repr(align(128))]
-pub(crate) struct Hot {
-    pub(crate) cache_hits: AtomicU64,
-    pub(crate) cache_misses: AtomicU64,
-    pub(crate) promotions: AtomicU64,
-    pub(crate) writes_buffered: AtomicU64,
+struct Hot {
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    promotions: AtomicU64,
+    writes_buffered: AtomicU64,
 }
 
-/// The live counters behind [`Stats`].
+/// Something the tree did, for [`Counters::count`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A lookup (or scanned leaf) answered from memory.
+    CacheHit,
+    /// A lookup (or scanned leaf) that read its leaf from disk.
+    CacheMiss,
+    /// A record or known-absent key cached after a disk read.
+    Promotion,
+    /// A write applied to a mini-page or mirror.
+    WriteBuffered,
+    /// A mini-page merged with its leaf into a mirror.
+    Merge,
+    /// A mini-page moved to a larger block.
+    MiniGrow,
+    /// A mini-page copied to the tail from the copy-on-access region.
+    CopiedToTail,
+    /// A clean mirror shrunk to its referenced records (or dropped).
+    MirrorShrunk,
+    /// A scanned leaf kept as a mirror.
+    ScanMirror,
+    /// A leaf written back to disk.
+    WriteBack,
+    /// A leaf split.
+    Split,
+    /// An emptied leaf removed from the tree.
+    LeafRemoved,
+    /// A completed checkpoint.
+    Checkpoint,
+    /// An eviction made by an operation that found the buffer full.
+    ForegroundEviction,
+}
+
+/// The live counters behind [`Stats`]: relaxed atomics, bumped through [`Counters::count`].
 #[derive(Default)]
 pub(crate) struct Counters {
     /// Per-operation counters, striped by thread.
     hot: [Hot; STRIPES],
-    pub(crate) merges: AtomicU64,
-    pub(crate) mini_grows: AtomicU64,
-    pub(crate) copied_to_tail: AtomicU64,
-    pub(crate) mirrors_shrunk: AtomicU64,
-    pub(crate) scan_mirrors: AtomicU64,
-    pub(crate) write_backs: AtomicU64,
-    pub(crate) splits: AtomicU64,
-    pub(crate) leaves_removed: AtomicU64,
-    pub(crate) checkpoints: AtomicU64,
-    pub(crate) replayed: AtomicU64,
-    pub(crate) foreground_evictions: AtomicU64,
+    merges: AtomicU64,
+    mini_grows: AtomicU64,
+    copied_to_tail: AtomicU64,
+    mirrors_shrunk: AtomicU64,
+    scan_mirrors: AtomicU64,
+    write_backs: AtomicU64,
+    splits: AtomicU64,
+    leaves_removed: AtomicU64,
+    checkpoints: AtomicU64,
+    replayed: AtomicU64,
+    foreground_evictions: AtomicU64,
 }
 
 impl Counters {
+    /// Counts one `event`.
+    #[inline]
+    pub(crate) fn count(&self, event: Event) {
+        let counter = match event {
+            Event::CacheHit => &self.hot().cache_hits,
+            Event::CacheMiss => &self.hot().cache_misses,
+            Event::Promotion => &self.hot().promotions,
+            Event::WriteBuffered => &self.hot().writes_buffered,
+            Event::Merge => &self.merges,
+            Event::MiniGrow => &self.mini_grows,
+            Event::CopiedToTail => &self.copied_to_tail,
+            Event::MirrorShrunk => &self.mirrors_shrunk,
+            Event::ScanMirror => &self.scan_mirrors,
+            Event::WriteBack => &self.write_backs,
+            Event::Split => &self.splits,
+            Event::LeafRemoved => &self.leaves_removed,
+            Event::Checkpoint => &self.checkpoints,
+            Event::ForegroundEviction => &self.foreground_evictions,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `n` log records replayed at open.
+    pub(crate) fn replayed(&self, n: u64) {
+        self.replayed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Writes applied so far, over every thread.
+    pub(crate) fn writes_buffered(&self) -> u64 {
+        self.sum(|h| &h.writes_buffered)
+    }
+
     /// This thread's stripe of the per-operation counters.
-    pub(crate) fn hot(&self) -> &Hot {
+    #[inline]
+    fn hot(&self) -> &Hot {
         &self.hot[crate::pool::my_shard() % STRIPES]
     }
 
     /// The sum of one per-operation counter over the stripes.
-    pub(crate) fn sum(&self, field: impl Fn(&Hot) -> &AtomicU64) -> u64 {
+    fn sum(&self, field: impl Fn(&Hot) -> &AtomicU64) -> u64 {
         self.hot
             .iter()
             .map(|h| field(h).load(Ordering::Relaxed))
@@ -110,9 +186,9 @@ impl Counters {
 
 impl Shared {
     pub(crate) fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let store = self.store.as_ref().map(|s| s.stats()).unwrap_or_default();
-        let log = self.wal.as_ref().map(|w| w.stats()).unwrap_or_default();
+        let c = self.counters();
+        let store = self.storage().stats();
+        let log = self.journal().stats();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
             cache_hits: c.sum(|h| &h.cache_hits),
@@ -126,7 +202,7 @@ impl Shared {
             write_backs: get(&c.write_backs),
             splits: get(&c.splits),
             leaves_removed: get(&c.leaves_removed),
-            evictions: self.pool.stats().evictions,
+            evictions: self.pool().stats().evictions,
             foreground_evictions: get(&c.foreground_evictions),
             pages_read: store.reads,
             pages_written: store.writes,
@@ -134,7 +210,7 @@ impl Shared {
             disk_pages_in_use: store.allocated_pages,
             disk_pages_free: store.free_pages,
             checkpoints: get(&c.checkpoints),
-            writes_buffered: c.sum(|h| &h.writes_buffered),
+            writes_buffered: c.writes_buffered(),
             log_appends: log.appends,
             log_syncs: log.syncs,
             replayed: get(&c.replayed),

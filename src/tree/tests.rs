@@ -37,7 +37,7 @@ fn checked_workload(seed: u64, ops: usize, cache: usize) {
                 "seed {seed} op {op}"
             ),
         }
-        if let Err(e) = tree.shared.check_structure() {
+        if let Err(e) = tree.shared().check_structure() {
             panic!(
                 "seed {seed} op {op} (roll {roll}, key {:?}): {e}\nbefore {before:?}\nafter {:?}",
                 String::from_utf8_lossy(&k),
@@ -84,7 +84,7 @@ fn clean_mirrors_touched_near_the_head_keep_only_their_read_records() {
     }
     let s = tree.stats();
     assert!(s.mirrors_shrunk > 0, "no mirror shrank: {s:?}");
-    if let Err(e) = tree.shared.check_structure() {
+    if let Err(e) = tree.shared().check_structure() {
         panic!("{e}");
     }
     for (i, kv) in tree.iter().enumerate() {
@@ -110,7 +110,7 @@ fn a_write_needing_a_new_leaf_when_every_id_is_taken_fails_and_changes_nothing()
         for i in 0..2000 {
             tree.insert(key(i), value).expect("insert");
         }
-        tree.shared.pool.exhaust_ids();
+        tree.shared().pool().exhaust_ids();
         let mut failed = None;
         for i in 2000..100_000 {
             match tree.insert(key(i), value) {
@@ -132,7 +132,7 @@ fn a_write_needing_a_new_leaf_when_every_id_is_taken_fails_and_changes_nothing()
                 "in memory {in_memory}: key {i}"
             );
         }
-        if let Err(e) = tree.shared.check_structure() {
+        if let Err(e) = tree.shared().check_structure() {
             panic!("in memory {in_memory}: {e}");
         }
     }

@@ -143,7 +143,7 @@ fn get_varint(b: &[u8]) -> Option<(u64, usize)> {
     for (i, &byte) in b.iter().take(MAX_VARINT as usize).enumerate() {
         n |= u64::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
-            return (n <= u64::from(u32::MAX)).then_some((n, i + 1));
+            return u32::try_from(n).is_ok().then_some((n, i + 1));
         }
     }
     None

@@ -194,16 +194,15 @@ impl StagingRing {
             fs::rename(&tmp, &name_file)?;
             Ok(map)
         });
-        match named {
-            Ok(map) => Some(StagingRing {
+        if let Ok(map) = named {
+            Some(StagingRing {
                 region: AppendRegion::new(map, start),
                 path,
                 name_file,
-            }),
-            Err(_) => {
-                let _ = fs::remove_file(&path);
-                None
-            }
+            })
+        } else {
+            let _ = fs::remove_file(&path);
+            None
         }
     }
 

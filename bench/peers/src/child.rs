@@ -67,11 +67,8 @@ fn measure(job: &Job) -> Result<RunResult, BoxError> {
         .tempdir_in(&job.dir)?;
     let engine = engines::open(&job.engine, dir.path(), job.cache)?;
     let spec = RunSpec {
-        records: job.records,
-        threads: job.threads,
         dist: job.dist,
-        seed: 42,
-        value_len: bfkv_workload::VALUE_LEN,
+        ..RunSpec::new(job.records, job.threads)
     };
     let next_insert = Arc::new(AtomicU64::new(job.records));
     let mut plan = vec![(

@@ -6,9 +6,6 @@
 //! transaction per write where the engine has transactions), and reaches the engine's log
 //! or file through the OS without waiting for the disk.
 
-#[path = "../../../benches/ycsb/engines.rs"]
-mod bfkv_bftree;
-
 use std::ops::Bound;
 use std::path::Path;
 
@@ -17,7 +14,7 @@ use bfkv_workload::decode_value;
 use bfkv_workload::runner::{BoxError, Engine};
 use redb::ReadableDatabase;
 
-pub use bfkv_bftree::{Bfkv, MsBfTree};
+pub use bfkv_workload::engines::{Bfkv, MsBfTree};
 
 /// Every engine name the harness knows, in report order.
 pub const ALL: [&str; 8] = [

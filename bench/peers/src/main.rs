@@ -1,5 +1,5 @@
 //! `peers`: bfkv against Microsoft's `bf-tree`, RocksDB, redb, fjall, LMDB and sled on the
-//! `WORKLOADS.md` phases, one process per engine and run, with honest memory accounting
+//! `docs/workloads.md` phases, one process per engine and run, with honest memory accounting
 //! (issue 6). `cargo run --release -p peers -- --all`; see `bench/peers/README.md`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -22,7 +22,7 @@ use crate::results::Report;
 
 /// Command line of both the parent (no `--engine`) and its children (`--engine`).
 #[derive(Parser, Debug)]
-#[command(about = "bfkv against its peers on the WORKLOADS.md phases (issue 6)")]
+#[command(about = "bfkv against its peers on the docs/workloads.md phases (issue 6)")]
 struct Args {
     /// Run everything: all engines, both regimes, 1 and 2 threads, the device check (the
     /// default when no filter is given). Writes the results into docs/.
@@ -86,7 +86,7 @@ fn pow2_at_most(x: f64) -> usize {
 }
 
 /// The cache that makes the raw data `ratio` times larger (a power of two, for bf-tree):
-/// 32 MiB for 5M records at 5x, as `WORKLOADS.md` sets it.
+/// 32 MiB for 5M records at 5x, as `docs/workloads.md` sets it.
 fn cache_for(records: u64, ratio: f64) -> usize {
     let raw = records as f64 * (bfkv_workload::KEY_LEN + bfkv_workload::VALUE_LEN) as f64;
     // Nearest power of two of raw/ratio: 160 MB / 5 = 32 MB lands on 32 MiB.

@@ -45,7 +45,7 @@ pub struct Options {
     pub dir: PathBuf,
 }
 
-/// The phases after the load, in the order every Zipf run uses (`WORKLOADS.md` runs C, A, E
+/// The phases after the load, in the order every Zipf run uses (`docs/workloads.md` runs C, A, E
 /// first; B and F follow).
 pub const PHASES: [Phase; 5] = [Phase::C, Phase::A, Phase::E, Phase::B, Phase::F];
 

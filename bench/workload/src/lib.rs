@@ -1,4 +1,4 @@
-//! The YCSB-style workloads bfkv is measured on, exactly as `WORKLOADS.md` defines them, so
+//! The YCSB-style workloads bfkv is measured on, exactly as `docs/workloads.md` defines them, so
 //! the `ycsb` example, the criterion benches and peer comparisons all drive engines with the
 //! same records, the same key choice and the same operation mix.
 //!
@@ -9,11 +9,14 @@
 //!   operations on every platform and every version of this crate's dependencies.
 //! - [`Phase`] and [`OpGen`]: the phases L/A/B/C/E/F/U as a stream of [`Op`]s.
 //! - [`runner`]: the [`runner::Engine`] trait and the multi-threaded runner that drives an
-//!   engine with those operations.
+//!   engine with those operations; [`engines`]: bfkv and Microsoft's `bf-tree` behind it;
+//!   [`report`]: what the criterion benches print and read from the environment.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod engines;
 mod ops;
+pub mod report;
 pub mod runner;
 mod zipf;
 

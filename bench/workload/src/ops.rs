@@ -1,4 +1,4 @@
-//! The phases of `WORKLOADS.md` as streams of operations.
+//! The phases of `docs/workloads.md` as streams of operations.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +15,7 @@ pub enum Distribution {
     Zipf(f64),
 }
 
-/// One phase of the workload (`WORKLOADS.md`, "Phases").
+/// One phase of the workload (`docs/workloads.md`, "Phases").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// L: insert records 0..N, threads splitting the range.
@@ -35,7 +35,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// Every phase, in `WORKLOADS.md` order.
+    /// Every phase, in `docs/workloads.md` order.
     pub const ALL: [Phase; 7] = [
         Phase::Load,
         Phase::A,

@@ -1,16 +1,17 @@
 //! The engine-independent part of a benchmark run: the [`Engine`] trait every storage engine
-//! under test implements, and the multi-threaded runner that drives one with the
-//! `WORKLOADS.md` operations, checking every value it reads. Shared by the criterion bench,
-//! the `vs_bftree` example and the peer comparison (`bench/peers`), so all of them measure
-//! exactly the same thing; the engine adapters live with their users (they need the
-//! engines as dependencies, which this crate does not have).
+//! under test implements, and the multi-threaded runner that drives one with the operations
+//! of `docs/workloads.md`, checking every value it reads. The `ycsb` and `vs_bftree`
+//! examples, the criterion benches and the peer comparison (`bench/peers`) all run through
+//! it, so they measure exactly the same thing.
 
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{decode_value, key, write_value, Distribution, Op, OpGen, Phase, VALUE_LEN};
+use hdrhistogram::Histogram;
+
+use crate::{decode_value, key, write_value, Distribution, Op, OpGen, Phase, KEY_LEN, VALUE_LEN};
 
 /// Any failure of a benchmark run.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -73,6 +74,17 @@ pub struct Stop {
     pub time: Option<Duration>,
 }
 
+/// Per-operation latency percentiles of a run, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Latency {
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+}
+
 /// What a run measured.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome {
@@ -84,6 +96,8 @@ pub struct Outcome {
     pub leaf_io: Option<(u64, u64)>,
     /// Bytes read and written by the process during the run (`/proc/self/io`).
     pub proc_io: Option<(u64, u64)>,
+    /// Latency percentiles, if the run timed every operation ([`RunSpec::timed`]).
+    pub latency: Option<Latency>,
 }
 
 impl Outcome {
@@ -122,6 +136,27 @@ pub struct RunSpec {
     /// [`VALUE_LEN_LARGE`](crate::VALUE_LEN_LARGE) for the large-value variant); reads
     /// check it.
     pub value_len: usize,
+    /// Bytes in every key: record `i`'s 16-byte key ([`KEY_LEN`]) cut or padded with zeros
+    /// (its first 8 bytes already tell records apart, so at least 8).
+    pub key_len: usize,
+    /// Time every operation for [`Outcome::latency`] (two clock reads per operation).
+    pub timed: bool,
+}
+
+impl RunSpec {
+    /// A run over `records` records with `threads` threads: 16-byte keys and values, Zipf
+    /// 0.9, seed 42, operations not timed one by one.
+    pub fn new(records: u64, threads: usize) -> RunSpec {
+        RunSpec {
+            records,
+            threads,
+            dist: Distribution::Zipf(crate::DEFAULT_THETA),
+            seed: 42,
+            value_len: VALUE_LEN,
+            key_len: KEY_LEN,
+            timed: false,
+        }
+    }
 }
 
 /// `after - before` for a pair of counters.
@@ -144,12 +179,28 @@ struct Shared<'a> {
     next_insert: &'a Arc<AtomicU64>,
     /// Bytes in every value.
     value_len: usize,
+    /// Bytes in every key.
+    key_len: usize,
+    /// Whether to time every operation.
+    timed: bool,
+    /// Operations done so far, published every [`PUBLISH_EVERY`] operations per thread.
+    progress: &'a AtomicU64,
     /// Set by a failing thread so the others stop early.
     failed: AtomicBool,
 }
 
+/// How many operations a worker does between looks at the clock, the failure flag and the
+/// progress counter (one shared counter written per operation would be a hot line).
+const PUBLISH_EVERY: u64 = 256;
+
+/// What one worker thread did: its operation count, its end and its latencies.
+type WorkerResult = Result<(u64, Instant, Option<Histogram<u64>>), BoxError>;
+
 /// Runs `work` on `engine` with `spec.threads` threads until `stop`. `next_insert` is the
 /// next new record number (starts at the record count; advanced by inserts).
+///
+/// # Errors
+/// The first engine error, a missing or wrong value read back, or a spec with no records.
 pub fn run(
     engine: &dyn Engine,
     work: Workload,
@@ -157,6 +208,24 @@ pub fn run(
     stop: Stop,
     next_insert: &Arc<AtomicU64>,
 ) -> Result<Outcome, BoxError> {
+    run_with_progress(engine, work, spec, stop, next_insert, &AtomicU64::new(0))
+}
+
+/// [`run`], adding the operations done to `progress` as they go (for a progress bar).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with_progress(
+    engine: &dyn Engine,
+    work: Workload,
+    spec: RunSpec,
+    stop: Stop,
+    next_insert: &Arc<AtomicU64>,
+    progress: &AtomicU64,
+) -> Result<Outcome, BoxError> {
+    if spec.key_len < 8 || spec.value_len < VALUE_LEN {
+        return Err("keys need at least 8 bytes and values at least 16".into());
+    }
     let threads = spec.threads.max(1);
     // Generators are built before the clock starts: short criterion iterations must not
     // time their setup.
@@ -189,10 +258,13 @@ pub fn run(
         budget,
         deadline,
         next_insert,
-        value_len: spec.value_len.max(VALUE_LEN),
+        value_len: spec.value_len,
+        key_len: spec.key_len,
+        timed: spec.timed,
+        progress,
         failed: AtomicBool::new(false),
     };
-    let results: Vec<Result<(u64, Instant), BoxError>> = std::thread::scope(|s| {
+    let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = gens
             .into_iter()
             .map(|gen| {
@@ -213,21 +285,33 @@ pub fn run(
     });
     let mut ops = 0;
     let mut end = start;
+    let mut latency: Option<Histogram<u64>> = None;
     for r in results {
-        let (n, t) = r?;
+        let (n, t, hist) = r?;
         ops += n;
         end = end.max(t);
+        match (&mut latency, hist) {
+            (Some(all), Some(h)) => all.add(h)?,
+            (None, h) => latency = h,
+            (Some(_), None) => {}
+        }
     }
     Ok(Outcome {
         ops,
         elapsed: end - start,
         leaf_io: delta(io0, engine.leaf_io()),
         proc_io: delta(proc0, proc_io()),
+        latency: latency.map(|h| Latency {
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+        }),
     })
 }
 
-/// One thread of [`run`], drawing from `gen`: returns its operation count and end time.
-fn worker(sh: &Shared<'_>, gen: OpGen) -> Result<(u64, Instant), BoxError> {
+/// One thread of [`run`], drawing from `gen`: returns its operation count, end time and (if
+/// timed) its latencies.
+fn worker(sh: &Shared<'_>, gen: OpGen) -> WorkerResult {
     let mut version = 0u64;
     let ops = gen.map(|op| match (sh.work, op) {
         (Workload::Insert, _) => Op::Insert(sh.next_insert.fetch_add(1, Ordering::Relaxed)),
@@ -237,32 +321,62 @@ fn worker(sh: &Shared<'_>, gen: OpGen) -> Result<(u64, Instant), BoxError> {
         }
         (_, op) => op,
     });
-    let mut value = vec![0u8; sh.value_len];
-    let mut out = Vec::with_capacity(4096);
+    let mut bufs = Buffers {
+        key: vec![0u8; sh.key_len],
+        value: vec![0u8; sh.value_len],
+        out: Vec::with_capacity(4096),
+    };
+    // Up to a minute, three significant digits.
+    let mut hist = if sh.timed {
+        Some(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?)
+    } else {
+        None
+    };
     let mut count = 0u64;
     for op in ops.take(sh.budget.min(usize::MAX as u64) as usize) {
-        execute(sh.engine, op, &mut value, &mut out)?;
+        let t0 = hist.as_ref().map(|_| Instant::now());
+        execute(sh.engine, op, &mut bufs)?;
+        if let (Some(h), Some(t0)) = (&mut hist, t0) {
+            h.saturating_record(t0.elapsed().as_nanos() as u64);
+        }
         count += 1;
-        if count % 256 == 0
-            && (sh.failed.load(Ordering::Relaxed)
-                || sh.deadline.is_some_and(|d| Instant::now() >= d))
-        {
-            break;
+        if count % PUBLISH_EVERY == 0 {
+            sh.progress.fetch_add(PUBLISH_EVERY, Ordering::Relaxed);
+            if sh.failed.load(Ordering::Relaxed) || sh.deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                break;
+            }
         }
     }
-    Ok((count, Instant::now()))
+    sh.progress
+        .fetch_add(count % PUBLISH_EVERY, Ordering::Relaxed);
+    Ok((count, Instant::now(), hist))
+}
+
+/// A worker's reusable buffers.
+struct Buffers {
+    /// The key of the current operation.
+    key: Vec<u8>,
+    /// The value it writes.
+    value: Vec<u8>,
+    /// The value it read.
+    out: Vec<u8>,
+}
+
+/// Record `i`'s key at the length of `buf`.
+fn key_into(buf: &mut [u8], i: u64) -> &[u8] {
+    let k = key(i);
+    let n = buf.len().min(k.len());
+    buf[..n].copy_from_slice(&k[..n]);
+    buf[n..].fill(0);
+    buf
 }
 
 /// Executes one operation, checking every value read against its record.
-fn execute(
-    engine: &dyn Engine,
-    op: Op,
-    value: &mut [u8],
-    out: &mut Vec<u8>,
-) -> Result<(), BoxError> {
-    let value_len = value.len();
-    let read = |i: u64, out: &mut Vec<u8>| -> Result<u64, BoxError> {
-        if !engine.get(&key(i), out)? {
+fn execute(engine: &dyn Engine, op: Op, b: &mut Buffers) -> Result<(), BoxError> {
+    let value_len = b.value.len();
+    let read = |key: &[u8], i: u64, out: &mut Vec<u8>| -> Result<u64, BoxError> {
+        if !engine.get(key, out)? {
             return Err(format!("{}: record {i} is missing", engine.name()).into());
         }
         match decode_value(out) {
@@ -272,25 +386,25 @@ fn execute(
     };
     match op {
         Op::Read(i) => {
-            read(i, out)?;
+            read(key_into(&mut b.key, i), i, &mut b.out)?;
         }
         Op::Update { record, version } => {
-            write_value(value, record, version);
-            engine.put(&key(record), value)?;
+            write_value(&mut b.value, record, version);
+            engine.put(key_into(&mut b.key, record), &b.value)?;
         }
         Op::Insert(i) => {
-            write_value(value, i, 0);
-            engine.put(&key(i), value)?;
+            write_value(&mut b.value, i, 0);
+            engine.put(key_into(&mut b.key, i), &b.value)?;
         }
         Op::Scan { start, len } => {
-            if engine.scan(&key(start), len)? == 0 {
+            if engine.scan(key_into(&mut b.key, start), len)? == 0 {
                 return Err(format!("{}: empty scan from record {start}", engine.name()).into());
             }
         }
         Op::ReadModifyWrite(i) => {
-            let version = read(i, out)?;
-            write_value(value, i, version + 1);
-            engine.put(&key(i), value)?;
+            let version = read(key_into(&mut b.key, i), i, &mut b.out)?;
+            write_value(&mut b.value, i, version + 1);
+            engine.put(key_into(&mut b.key, i), &b.value)?;
         }
     }
     Ok(())

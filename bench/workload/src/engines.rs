@@ -1,21 +1,23 @@
-//! The two engines of the bf-tree comparison, bfkv and Microsoft's `bf-tree` 0.5.7, behind
-//! the [`Engine`] trait of `bfkv_workload::runner`. Shared by `benches/ycsb.rs` (criterion),
-//! `examples/vs_bftree.rs` (side-by-side table) and `bench/peers` (all peers), so all of
-//! them drive the two engines through the same code.
+//! bfkv and Microsoft's `bf-tree` 0.5.7 behind the [`Engine`] trait: the adapters every
+//! benchmark drives them through (the `ycsb` and `vs_bftree` examples, the criterion benches,
+//! and the peer comparison in `bench/peers`).
 
 use std::path::Path;
 
+use crate::decode_value;
+use crate::runner::{BoxError, Engine};
 use bf_tree::{BfTree, LeafReadResult, ScanReturnField, StorageBackend};
 use bfkv::{Config, Durability, Tree};
-use bfkv_workload::decode_value;
-use bfkv_workload::runner::{BoxError, Engine};
 
-/// bfkv, file-backed (io_uring, `O_DIRECT`).
+/// bfkv, file-backed (`io_uring`, `O_DIRECT`).
 pub struct Bfkv(pub Tree);
 
 impl Bfkv {
     /// Opens a bfkv tree in `dir` with `cache` bytes of circular buffer, the given
     /// durability and, if given, a read-promotion percentage other than the default.
+    ///
+    /// # Errors
+    /// Whatever [`Tree::open`] returns.
     pub fn open(
         dir: &Path,
         cache: usize,
@@ -72,6 +74,9 @@ pub struct MsBfTree(pub BfTree);
 impl MsBfTree {
     /// Opens a bf-tree file in `dir` with `cache` bytes of circular buffer (a power of two,
     /// as bf-tree requires).
+    ///
+    /// # Errors
+    /// bf-tree's refusal of the configuration.
     pub fn open(dir: &Path, cache: usize) -> Result<MsBfTree, BoxError> {
         let mut config = bf_tree::Config::new(dir.join("bftree.data"), cache);
         config.storage_backend(StorageBackend::IoUringBlocking);
@@ -85,6 +90,9 @@ impl MsBfTree {
     /// A bf-tree in its cache-only mode (`:cache:`): no file, every leaf a mini-page in the
     /// circular buffer. Its fastest configuration when the data fits in memory, since its
     /// file-backed mode caches records (30 % promotion on read), not whole pages.
+    ///
+    /// # Errors
+    /// bf-tree's refusal of the configuration.
     pub fn open_cache_only(cache: usize) -> Result<MsBfTree, BoxError> {
         let config = bf_tree::Config::new(":cache:", cache);
         BfTree::with_config(config, None)

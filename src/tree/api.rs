@@ -1,0 +1,320 @@
+//! The public handle, [`Tree`]: a thin facade over the shared state (`shared.rs`) and the
+//! background threads (`background.rs`).
+
+use super::background::Background;
+use super::scan::Range;
+use super::shared::Shared;
+use super::stats::Stats;
+use super::{persist, WriteOp};
+use crate::config::{Config, Limits};
+use crate::error::Result;
+
+/// A concurrent, persistent ordered key-value map. See the crate docs for an overview.
+///
+/// `Tree` is `Send + Sync`; every method takes `&self`, so share it with `Arc<Tree>` or
+/// scoped threads.
+///
+/// ```
+/// use bfkv::{Config, Tree};
+/// let tree = Tree::open(Config::in_memory())?;
+/// tree.insert(b"apple", b"red")?;
+/// assert_eq!(tree.get(b"apple")?, Some(b"red".to_vec()));
+/// tree.remove(b"apple")?;
+/// assert_eq!(tree.get(b"apple")?, None);
+/// # Ok::<(), bfkv::Error>(())
+/// ```
+pub struct Tree {
+    shared: std::sync::Arc<Shared>,
+    background: Background,
+}
+
+impl Tree {
+    /// Opens the tree described by `config`: creates the directory and an empty tree if
+    /// absent, otherwise loads its last checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for bad settings (or a page size that differs from the
+    /// existing tree's), [`Error::Locked`](crate::Error::Locked) if another `Tree` (in this or another process)
+    /// has the directory open, [`Error::Corruption`](crate::Error::Corruption) if the checkpoint or data file is
+    /// damaged, [`Error::Io`](crate::Error::Io) for operating-system failures.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// // A second handle on the same directory is refused while the first is open.
+    /// let second = bfkv::Tree::open(bfkv::Config::new(dir.path()));
+    /// assert!(matches!(second, Err(bfkv::Error::Locked { .. })));
+    /// # drop(tree);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(config: Config) -> Result<Tree> {
+        config.validate()?;
+        // Shuttle explores the foreground paths only: no background threads in its models.
+        let threads = if cfg!(shuttle) {
+            0
+        } else {
+            config.evictor_threads
+        };
+        let shared = std::sync::Arc::new(persist::open(config)?);
+        Ok(Tree {
+            background: Background::start(&shared, threads),
+            shared,
+        })
+    }
+
+    /// Inserts `key` → `value`, replacing any previous value.
+    ///
+    /// # Errors
+    /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) / [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`] (the tree is
+    /// unchanged), [`Error::CacheFull`](crate::Error::CacheFull) for a full in-memory tree, [`Error::Io`](crate::Error::Io) or
+    /// [`Error::Corruption`](crate::Error::Corruption) if making room needed the disk and it failed.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"k", b"one")?;
+    /// tree.insert(b"k", b"two")?; // replaces
+    /// assert_eq!(tree.get(b"k")?, Some(b"two".to_vec()));
+    /// // Too large: an error, and the tree is unchanged.
+    /// assert!(tree.insert(vec![0u8; 4096], b"").is_err());
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        self.shared.limits().check(key, value)?;
+        self.shared.write(key, WriteOp::Put(value))?;
+        self.after_write();
+        Ok(())
+    }
+
+    /// Removes `key`. Removing an absent key is not an error.
+    ///
+    /// # Errors
+    /// As [`Tree::insert`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.remove(b"k")?;
+    /// tree.remove(b"never there")?; // not an error
+    /// assert_eq!(tree.get(b"k")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        let key = key.as_ref();
+        self.shared.limits().check(key, &[])?;
+        self.shared.write(key, WriteOp::Delete)?;
+        self.after_write();
+        Ok(())
+    }
+
+    /// The value stored under `key`, if any.
+    ///
+    /// # Errors
+    /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) for a key no tree could hold, [`Error::Io`](crate::Error::Io) or
+    /// [`Error::Corruption`](crate::Error::Corruption) when reading the leaf from disk fails.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// assert_eq!(tree.get(b"k")?, None);
+    /// tree.insert(b"k", b"v")?;
+    /// assert_eq!(tree.get(b"k")?.as_deref(), Some(&b"v"[..]));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>> {
+        let key = key.as_ref();
+        self.shared.limits().check(key, &[])?;
+        let value = self.shared.get(key);
+        // A promotion or a move to the tail may have taken room.
+        self.shared.nudge_evictors();
+        value
+    }
+
+    /// The records with keys in `range`, in ascending order (`.rev()` for descending).
+    ///
+    /// The iterator holds no lock between calls to `next`; it sees every key that is present
+    /// for its whole duration and none that is absent for its whole duration.
+    ///
+    /// ```
+    /// # let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// for k in [b"a", b"b", b"c"] { tree.insert(k, b"")?; }
+    /// let keys: Vec<Vec<u8>> = tree.range(b"b".as_slice()..).map(|r| r.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+    /// assert_eq!(keys, vec![b"b".to_vec(), b"c".to_vec()]);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn range<K, R>(&self, range: R) -> Range<'_>
+    where
+        K: AsRef<[u8]>,
+        R: std::ops::RangeBounds<K>,
+    {
+        Range::new(&self.shared, range)
+    }
+
+    /// Every record, in ascending key order.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// for k in [b"b", b"a", b"c"] {
+    ///     tree.insert(k, b"")?;
+    /// }
+    /// let keys: Vec<Vec<u8>> = tree.iter().map(|r| r.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+    /// assert_eq!(keys, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn iter(&self) -> Range<'_> {
+        Range::new::<&[u8], _>(&self.shared, ..)
+    }
+
+    /// Makes every write acknowledged so far durable, whatever the [`Durability`]: syncs the
+    /// write-ahead log, or (under `Durability::None`) writes a checkpoint.
+    ///
+    /// [`Durability`]: crate::Durability
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) if writing or syncing fails; acknowledged data stays intact.
+    ///
+    /// ```
+    /// use bfkv::{Config, Durability, Tree};
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = Tree::open(Config::new(dir.path()).durability(Durability::Buffered))?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.flush()?; // now on stable storage, as if written with `Durability::Sync`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        self.shared.flush()
+    }
+
+    /// Writes a checkpoint: dirty mini-pages are merged into their leaves and written, then
+    /// the leaf map is saved atomically. A no-op for in-memory trees.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) if writing or syncing fails.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.checkpoint()?;
+    /// assert!(tree.stats().checkpoints >= 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn checkpoint(&self) -> Result<()> {
+        self.shared.checkpoint()
+    }
+
+    /// Checkpoints and closes the tree. Dropping the tree does the same, ignoring errors.
+    ///
+    /// # Errors
+    /// As [`Tree::checkpoint`].
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.close()?; // errors surface here; dropping the tree would ignore them
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// assert_eq!(tree.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(mut self) -> Result<()> {
+        self.stop_background();
+        self.shared.close()
+    }
+
+    fn stop_background(&mut self) {
+        self.background.stop();
+    }
+
+    /// Counters describing what the tree has done so far (cheap to read).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.get(b"k")?;
+    /// assert_eq!(tree.stats().cache_hits, 1);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Where the cache's bytes are right now (diagnosis; walks every leaf).
+    #[cfg(any(fuzzing, bfkv_internals))]
+    #[doc(hidden)]
+    pub fn census(&self) -> super::census::Census {
+        self.shared.census()
+    }
+
+    /// Wakes the evictors when a write left the buffer short of room, and the checkpointer
+    /// when the log grew past its mark.
+    fn after_write(&self) {
+        self.shared.nudge_evictors();
+        if self.shared.wants_checkpoint() {
+            self.background.nudge_checkpointer();
+        }
+    }
+
+    /// A tree over already opened state with `threads` evictor threads (tests that open over
+    /// fault-injecting disks or watch the evictors' bell).
+    #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
+    pub(crate) fn from_shared(shared: std::sync::Arc<Shared>, threads: usize) -> Tree {
+        Tree {
+            background: Background::start(&shared, threads),
+            shared,
+        }
+    }
+
+    /// The shared state, for tests that look inside.
+    #[cfg(any(test, fuzzing, bfkv_internals))]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The key and value size limits of this tree.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let limits = tree.limits();
+    /// assert!(tree.insert(vec![0u8; limits.max_key_len], b"").is_ok());
+    /// assert!(tree.insert(vec![0u8; limits.max_key_len + 1], b"").is_err());
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn limits(&self) -> Limits {
+        self.shared.limits()
+    }
+}
+
+/// `for (key, value) in &tree` walks every record in key order, as [`Tree::iter`].
+///
+/// ```
+/// # let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// tree.insert(b"k", b"v")?;
+/// for record in &tree {
+///     let (key, value) = record?;
+///     assert_eq!((key.as_slice(), value.as_slice()), (&b"k"[..], &b"v"[..]));
+/// }
+/// # Ok::<(), bfkv::Error>(())
+/// ```
+impl<'t> IntoIterator for &'t Tree {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+    type IntoIter = Range<'t>;
+
+    fn into_iter(self) -> Range<'t> {
+        self.iter()
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        self.stop_background();
+        let _ = self.shared.close();
+    }
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree")
+            .field("dir", &self.shared.config().dir)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,174 @@
+//! Which disk pages hold what: the newest page of each leaf, the pages the last checkpoint
+//! references (never freed before the next checkpoint is durable), and a write token per leaf
+//! that tells a checkpoint whether a leaf changed while it was not locked.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::pool::PageId;
+use crate::sync::{Mutex, MutexGuard};
+
+/// Which disk pages are in use by what, so that freed pages are reused without ever
+/// overwriting what the last checkpoint needs.
+#[derive(Default)]
+pub(crate) struct PageTracker {
+    inner: Mutex<Tracked>,
+    /// Held by a checkpoint and by an idle write-back pass: never both at once.
+    checkpointing: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    /// The newest written page of each leaf.
+    leaf_pages: HashMap<PageId, u64>,
+    /// For each leaf id, its last change: the `changes` count then, and whether it was a
+    /// write of its page (not a split or a removal). Kept for removed ids, which are reused.
+    last_change: HashMap<PageId, (u64, bool)>,
+    /// Leaf writes, splits and removals so far.
+    changes: u64,
+    /// `changes` when the running (or last) checkpoint took its LSN.
+    checkpoint_started: u64,
+    /// Pages the last durable checkpoint references.
+    checkpointed: HashSet<u64>,
+    /// Pages the checkpoint being written references.
+    in_progress: HashSet<u64>,
+    /// Superseded pages that one of the above still references.
+    deferred: Vec<u64>,
+    /// Page ids of leaves unlinked from the tree whose entries are still to be freed.
+    orphans: Vec<PageId>,
+}
+
+impl Tracked {
+    /// Records that leaf `pid` was written (`write`) or split or removed.
+    fn changed(&mut self, pid: PageId, write: bool) {
+        self.changes += 1;
+        let now = self.changes;
+        self.last_change.insert(pid, (now, write));
+    }
+}
+
+impl PageTracker {
+    /// The pages of a tree just loaded from a checkpoint that names `leaves`.
+    pub(crate) fn from_checkpoint(leaves: &[(PageId, u64)]) -> PageTracker {
+        let tracker = PageTracker::default();
+        {
+            let mut t = tracker.inner.lock();
+            t.leaf_pages = leaves.iter().copied().collect();
+            t.checkpointed = leaves.iter().map(|&(_, p)| p).collect();
+        }
+        tracker
+    }
+
+    /// Leaf `pid` now lives in `page`.
+    pub(crate) fn written(&self, pid: PageId, page: u64) {
+        let mut t = self.inner.lock();
+        t.leaf_pages.insert(pid, page);
+        t.changed(pid, true);
+    }
+
+    /// A checkpoint took its LSN: pages written before now may lack writes it must cover.
+    pub(crate) fn start_checkpoint(&self) {
+        let mut t = self.inner.lock();
+        t.checkpoint_started = t.changes;
+    }
+
+    /// Leaf `pid`'s bounds changed (split, or replaced): its page, built with the old bounds,
+    /// no longer suits a checkpoint.
+    pub(crate) fn restructured(&self, pid: PageId) {
+        self.inner.lock().changed(pid, false);
+    }
+
+    /// Whether leaf `pid`'s page was written since the running checkpoint took its LSN, with
+    /// the bounds it has now (nothing split or removed it since): that page holds every
+    /// write the checkpoint must cover.
+    pub(crate) fn is_fresh(&self, pid: PageId) -> bool {
+        let t = self.inner.lock();
+        matches!(t.last_change.get(&pid), Some(&(at, true)) if at > t.checkpoint_started)
+    }
+
+    /// A count that changes whenever leaf `pid` is written, split or removed (a page number
+    /// alone can come back: superseded pages are reused). Whoever changes it holds the
+    /// leaf's lock, so it is stable under that lock.
+    pub(crate) fn write_token(&self, pid: PageId) -> u64 {
+        self.inner
+            .lock()
+            .last_change
+            .get(&pid)
+            .map_or(0, |&(at, _)| at)
+    }
+
+    /// The newest written page of leaf `pid`.
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn leaf_page(&self, pid: PageId) -> Option<u64> {
+        self.inner.lock().leaf_pages.get(&pid).copied()
+    }
+
+    /// Leaf `pid` is gone.
+    pub(crate) fn forget_leaf(&self, pid: PageId) {
+        let mut t = self.inner.lock();
+        t.leaf_pages.remove(&pid);
+        t.changed(pid, false);
+    }
+
+    /// `page` no longer holds a current leaf. True if the caller may free it now; false if
+    /// a checkpoint references it, and it is freed after the next one (`finish_checkpoint`).
+    pub(crate) fn supersede(&self, page: u64) -> bool {
+        let mut t = self.inner.lock();
+        if t.checkpointed.contains(&page) || t.in_progress.contains(&page) {
+            t.deferred.push(page);
+            return false;
+        }
+        true
+    }
+
+    /// Leaf `pid` was unlinked while its guard belonged to someone else: its entry is freed
+    /// later (`take_orphans`).
+    pub(crate) fn orphan(&self, pid: PageId) {
+        self.inner.lock().orphans.push(pid);
+    }
+
+    /// The orphaned page ids, to free.
+    pub(crate) fn take_orphans(&self) -> Vec<PageId> {
+        std::mem::take(&mut self.inner.lock().orphans)
+    }
+
+    /// Keeps checkpoints (and idle write-back passes) to one at a time while it lives.
+    pub(crate) fn one_at_a_time(&self) -> MutexGuard<'_, ()> {
+        self.checkpointing.lock()
+    }
+
+    /// The checkpoint being written references `leaves` (low bound and page id, in key
+    /// order): returns each with its page, and keeps those pages until the checkpoint is
+    /// finished. `Err(pid)` names a leaf that has no page.
+    pub(crate) fn begin_snapshot(
+        &self,
+        leaves: Vec<(Vec<u8>, PageId)>,
+    ) -> std::result::Result<Vec<(Vec<u8>, PageId, u64)>, PageId> {
+        let mut t = self.inner.lock();
+        let mut snapshot = Vec::with_capacity(leaves.len());
+        for (low, pid) in leaves {
+            let Some(&page) = t.leaf_pages.get(&pid) else {
+                return Err(pid);
+            };
+            snapshot.push((low, pid, page));
+        }
+        t.in_progress = snapshot.iter().map(|&(_, _, p)| p).collect();
+        Ok(snapshot)
+    }
+
+    /// The checkpoint begun by `begin_snapshot` is durable (`done`) or failed. Returns the
+    /// superseded pages that no checkpoint references any more, for the caller to free.
+    pub(crate) fn finish_checkpoint(&self, done: bool) -> Vec<u64> {
+        let mut t = self.inner.lock();
+        let in_progress = std::mem::take(&mut t.in_progress);
+        if !done {
+            return Vec::new();
+        }
+        t.checkpointed = in_progress;
+        let deferred = std::mem::take(&mut t.deferred);
+        let (keep, free): (Vec<u64>, Vec<u64>) = deferred
+            .into_iter()
+            .partition(|p| t.checkpointed.contains(p));
+        t.deferred = keep;
+        free
+    }
+}

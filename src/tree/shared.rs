@@ -1,0 +1,312 @@
+//! The state one open tree shares between its handle, iterators and background threads: the
+//! components of `tree/mod.rs`, composed. Each component keeps its own fields private; this
+//! struct hands out shared references to them, and the operations that need several (a
+//! lookup needs the index, the leaf cache and the storage) are methods here and in the
+//! operation files (`leaf.rs`, `evict.rs`, `checkpoint.rs`, ...).
+
+use super::admit::Doorkeeper;
+use super::background::Control;
+use super::index::{Index, SmoGuard};
+use super::inner::{Entry, Inner, Seek};
+use super::journal::Journal;
+use super::leaf::Written;
+use super::persist::DirLock;
+use super::stats::{Counters, Event};
+use super::storage::Storage;
+use super::{Restart, Step, WriteOp, NO_PAGE};
+use crate::config::{Config, Limits};
+use crate::error::{Error, Result};
+use crate::node::{NodeKind, NodeMut};
+use crate::pool::{BufferPool, Evicted, Location, PageId};
+use crate::sync::{self, AtomicBool, Ordering};
+use crate::wal::Appended;
+
+/// The state shared by every handle and iterator of one open tree.
+pub(crate) struct Shared {
+    config: Config,
+    limits: Limits,
+    /// Which leaf owns which key.
+    index: Index,
+    /// The leaves' cached nodes (the circular buffer and the mapping table).
+    pool: BufferPool,
+    /// Which disk reads promote their record (`admit.rs`).
+    doorkeeper: Doorkeeper,
+    /// The data file.
+    storage: Storage,
+    /// The write-ahead log.
+    journal: Journal,
+    counters: Counters,
+    /// Wakes the evictor threads (`background.rs`): rung by whoever takes buffer room while
+    /// the buffer is short of it.
+    evict_bell: std::sync::Arc<Control>,
+    closed: AtomicBool,
+    dir: Option<DirLock>,
+}
+
+impl Shared {
+    /// Assembles a tree from its components.
+    pub(crate) fn assemble(
+        config: Config,
+        pool: BufferPool,
+        index: Index,
+        storage: Storage,
+        journal: Journal,
+        dir: Option<DirLock>,
+    ) -> Shared {
+        Shared {
+            limits: config.limits(),
+            // Without a store nothing is read from disk: the smallest filter does.
+            doorkeeper: Doorkeeper::new(if storage.is_in_memory() {
+                0
+            } else {
+                config.cache_size
+            }),
+            config,
+            index,
+            pool,
+            storage,
+            journal,
+            counters: Counters::default(),
+            evict_bell: Control::new(),
+            closed: AtomicBool::new(false),
+            dir,
+        }
+    }
+
+    /// A fresh tree's structure: one empty leaf, held as a full-page mirror in `pool`.
+    pub(crate) fn empty_root(pool: &BufferPool, page_size: usize) -> Result<Inner> {
+        let mut guard = pool
+            .insert_page(Location::Disk(NO_PAGE))
+            .ok_or_else(Error::too_many_leaves)?;
+        let Some(mut block) = pool.alloc(page_size, guard.page_id()) else {
+            return Err(Error::InvalidConfig {
+                reason: "cache too small for one leaf page",
+            });
+        };
+        let mut node = NodeMut::init(block.bytes_mut(), NodeKind::Leaf, None, None);
+        node.set_disk_page(None);
+        guard.set_mini(block);
+        Ok(Inner::single_leaf(guard.page_id(), page_size))
+    }
+
+    /// The configuration the tree was opened with.
+    #[inline]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The key and value size limits.
+    #[inline]
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The size of a leaf page (and of every inner node).
+    #[inline]
+    pub(crate) fn page_size(&self) -> usize {
+        self.config.page_size
+    }
+
+    /// The index component.
+    #[inline]
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The buffer pool: the circular buffer and the mapping table.
+    #[inline]
+    pub(crate) fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// The promotion filter.
+    #[inline]
+    pub(crate) fn doorkeeper(&self) -> &Doorkeeper {
+        &self.doorkeeper
+    }
+
+    /// The data file and its page bookkeeping.
+    #[inline]
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The write-ahead log.
+    #[inline]
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// The counters behind `Stats`.
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The evictor threads' doorbell.
+    pub(crate) fn evict_bell(&self) -> &std::sync::Arc<Control> {
+        &self.evict_bell
+    }
+
+    /// Frees memory by evicting one block; in-memory trees cannot.
+    ///
+    /// # Errors
+    /// `CacheFull` for an in-memory tree; `Io` or `Corruption` from writing the block back.
+    pub(crate) fn make_room(&self) -> Result<()> {
+        if self.storage.is_in_memory() {
+            return Err(Error::CacheFull {
+                cache_size: self.config.cache_size,
+            });
+        }
+        loop {
+            let outcome = self
+                .pool
+                .evict_one(&mut |guard, bytes| self.evict_block(guard, bytes));
+            self.drain_orphans();
+            match outcome? {
+                Evicted::Progress | Evicted::Nothing => return Ok(()),
+                // The block's write-back needs the busy structure lock: try again.
+                Evicted::Busy => sync::yield_now(),
+            }
+        }
+    }
+
+    /// `make_room` on a foreground thread, which found the buffer full (counted: the
+    /// evictor threads should have kept room).
+    ///
+    /// # Errors
+    /// As [`Shared::make_room`].
+    pub(crate) fn make_room_here(&self) -> Result<()> {
+        self.make_room()?;
+        self.counters.count(Event::ForegroundEviction);
+        Ok(())
+    }
+
+    /// The value of `key`.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let guard = sync::pin();
+        let (path, page) = self.index.read_leaf(&self.pool, &guard, Seek::Key(key));
+        let lookup = self.get_in_leaf(&path, page, key)?;
+        drop(guard);
+        if lookup.wants_room() {
+            // A promotion found the buffer full. Make room for the next one; the answer is
+            // already known, and a failure to evict belongs to the writer that meets it.
+            let _ = self.make_room_here();
+        }
+        Ok(lookup.into_value())
+    }
+
+    /// Applies a write and, when writes are logged, waits until its log record is durable
+    /// per the configured durability (with no leaf lock held).
+    pub(crate) fn write(&self, key: &[u8], op: WriteOp<'_>) -> Result<()> {
+        if let Some(appended) = self.apply(key, op, true)? {
+            self.journal.commit(appended)?;
+        }
+        Ok(())
+    }
+
+    /// Applies a write to the tree; with `log`, appends its log record (if writes are
+    /// logged) while the leaf is still locked, so the log's order for a key is the order its
+    /// writes were applied.
+    pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Appended>> {
+        let mut spins = 0u32;
+        loop {
+            let guard = sync::pin();
+            let (path, mut page) = self.index.write_leaf(&self.pool, &guard, key);
+            let written = match self.write_in_leaf(&path, &mut page, key, op)? {
+                Step::Done(written) => written,
+                Step::Restart(restart) => {
+                    drop(page);
+                    drop(guard);
+                    self.restart(restart, &mut spins)?;
+                    continue;
+                }
+            };
+            let appended = if log {
+                self.journal.append(key, op)?
+            } else {
+                None
+            };
+            if let Written::Emptied = written {
+                self.remove_empty_leaf(key, page);
+            }
+            self.counters.count(Event::WriteBuffered);
+            return Ok(appended);
+        }
+    }
+
+    /// Replays the log from the last checkpoint (recovery), before anyone else can write.
+    pub(crate) fn replay_log(&self) -> Result<()> {
+        let stats = self
+            .journal
+            .replay(|key, op| self.apply(key, op, false).map(|_| ()))?;
+        self.counters.replayed(stats.applied);
+        Ok(())
+    }
+
+    /// Whether the log grew enough since the last checkpoint to warrant a new one.
+    pub(crate) fn wants_checkpoint(&self) -> bool {
+        self.journal.grew_past(self.config.checkpoint_log_bytes)
+    }
+
+    /// Makes every acknowledged write durable: a log sync when writes are logged, else a
+    /// checkpoint.
+    pub(crate) fn flush(&self) -> Result<()> {
+        if self.journal.flush()? {
+            return Ok(());
+        }
+        self.checkpoint()
+    }
+
+    /// Publishes a new structure: replaces leaf `pid`'s entry (found by `key`) with
+    /// `replacement`, and tells the page tracker the leaf's bounds changed. Returns false
+    /// (nothing changed) if that would remove the last leaf.
+    pub(crate) fn publish(
+        &self,
+        smo: &SmoGuard<'_>,
+        key: &[u8],
+        pid: PageId,
+        replacement: Vec<Entry>,
+    ) -> bool {
+        if !self.index.replace_leaf(smo, key, pid, replacement) {
+            return false;
+        }
+        self.storage.pages().restructured(pid);
+        true
+    }
+
+    /// Prepares the next attempt of an operation that had to release its locks.
+    pub(crate) fn restart(&self, why: Restart, spins: &mut u32) -> Result<()> {
+        match why {
+            Restart::NeedSpace => self.make_room_here(),
+            Restart::Retry => {
+                *spins += 1;
+                backoff(*spins);
+                Ok(())
+            }
+        }
+    }
+
+    /// Checkpoints and gives the directory up; later calls do nothing.
+    pub(crate) fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = self.checkpoint();
+        if let Some(dir) = &self.dir {
+            dir.release();
+        }
+        result
+    }
+}
+
+/// Waits a little longer after each failed attempt, so contenders make progress.
+fn backoff(attempt: u32) {
+    if attempt < 8 {
+        for _ in 0..(1 << attempt) {
+            sync::spin_hint();
+        }
+    } else {
+        sync::yield_now();
+    }
+}

@@ -1,0 +1,218 @@
+//! The log's shared half: group commit (one leader writes and syncs for every waiting
+//! committer), the background flusher, appends into the staging ring, and the sticky record
+//! of a failed `fdatasync`.
+
+use std::io;
+use std::path::Path;
+
+use super::super::format;
+use super::super::ring::{self, StagingRing};
+use super::super::LogOp;
+use super::{Lsn, Shared, GATHER_YIELDS, PUBLISH_SPINS};
+use crate::error::{Error, Result};
+use crate::sync::{thread, Ordering};
+
+impl Shared {
+    /// Fails if an earlier `fdatasync` failed.
+    pub(super) fn check_failed(&self) -> Result<()> {
+        if !self.is_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (path, kind) = self
+            .failed
+            .lock()
+            .clone()
+            .unwrap_or_else(|| (self.dir.clone(), io::ErrorKind::Other));
+        Err(Error::io(
+            path,
+            io::Error::new(kind, "an earlier fdatasync of the log failed"),
+        ))
+    }
+
+    /// Records a failed `fdatasync` and returns its error.
+    pub(in crate::wal) fn fail_sync(&self, path: &Path, e: io::Error) -> Error {
+        *self.failed.lock() = Some((path.to_path_buf(), e.kind()));
+        self.is_failed.store(true, Ordering::Release);
+        Error::io(path, e)
+    }
+
+    /// Returns once every record below `target` reached the OS.
+    pub(super) fn write_to(&self, target: Lsn) -> Result<()> {
+        while self.written_lsn() < target {
+            self.check_failed()?;
+            let mut w = self.writer.lock();
+            if self.written_lsn() >= target {
+                break;
+            }
+            w.write_out(self)?;
+        }
+        Ok(())
+    }
+
+    /// Returns once every record below `target` is on stable storage.
+    ///
+    /// Group commit: one committer at a time is the leader; it writes out everything
+    /// appended so far and issues one `fdatasync` for it, outside any lock appends need.
+    /// The others register and park; the leader wakes all of them at once when its sync is
+    /// done, so every waiter whose record it covered returns without touching a lock again,
+    /// and one of the rest leads the next round for everything appended meanwhile.
+    pub(super) fn sync_to(&self, target: Lsn) -> Result<()> {
+        loop {
+            if self.synced.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            self.check_failed()?;
+            let mut g = self.group.lock();
+            if self.synced.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if g.leading {
+                g.waiters.push(thread::current());
+                drop(g);
+                // The leader unparks after its sync; a stale unpark token only costs a loop.
+                thread::park();
+                continue;
+            }
+            g.leading = true;
+            drop(g);
+            self.gather();
+            let res = self.write_and_sync();
+            let waiters = {
+                let mut g = self.group.lock();
+                g.leading = false;
+                std::mem::take(&mut g.waiters)
+            };
+            for w in waiters {
+                w.unpark();
+            }
+            res?;
+        }
+    }
+
+    /// Lets committers about to append join the leader's sync. The waiters the last leader
+    /// woke need a time slice to append their next record; without one, a leader that commits
+    /// again at once syncs its own record alone and the batches alternate between 1 and
+    /// n - 1 records (measured 0.47 fsyncs/op at 4 threads on 2 cores). So yield while the
+    /// buffer keeps growing, a few times at most; alone, this costs one `sched_yield`.
+    pub(super) fn gather(&self) {
+        let mut seen = self.next_lsn();
+        for _ in 0..GATHER_YIELDS {
+            crate::sync::yield_now();
+            let now = self.next_lsn();
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
+    }
+
+    /// The leader's work: write out the buffer and sync the active segment.
+    pub(super) fn write_and_sync(&self) -> Result<()> {
+        let (file, path, end) = {
+            let mut w = self.writer.lock();
+            w.write_out(self)?;
+            (w.file.clone(), w.active_path(), w.end)
+        };
+        // Outside the writer lock: appends and Buffered writes go on during the sync.
+        file.sync_data().map_err(|e| self.fail_sync(&path, e))?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.synced.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The background flusher of `Buffered` logs.
+    pub(super) fn flush_loop(&self) {
+        while !self.stop.load(Ordering::Acquire) {
+            thread::park_timeout(self.config.flush_interval);
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let appended = self.acknowledged_end();
+            self.seen_next.fetch_max(appended, Ordering::Relaxed);
+            if self.synced.load(Ordering::Acquire) < appended {
+                // A failure is sticky (sync) or reported to the next committer (write).
+                let _ = self.sync_to(appended);
+            }
+        }
+    }
+
+    /// Appends `op` (of `len` bytes) through the staging ring; returns its LSN once the
+    /// record and every record before it are in the ring.
+    ///
+    /// # Errors
+    /// `Io` if the ring was full and writing it out failed.
+    pub(super) fn append_staged(
+        &self,
+        ring: &StagingRing,
+        op: &LogOp<'_>,
+        len: u64,
+    ) -> Result<Lsn> {
+        let region = &ring.region;
+        loop {
+            if let Some(slot) = region.reserve(len) {
+                let (start, end) = (slot.start, slot.end);
+                format::encode_record_into(slot.bytes, start, op);
+                let mut spins = 0u32;
+                while !region.publish(start, end) {
+                    // An earlier record's writer is between its reservation and its publish.
+                    spins += 1;
+                    if spins < PUBLISH_SPINS {
+                        crate::sync::spin_hint();
+                    } else {
+                        crate::sync::yield_now();
+                    }
+                }
+                return Ok(start);
+            }
+            // Full: write out what is published (the flusher fell behind), or wait for the
+            // writers of what is not.
+            self.check_failed()?;
+            let before = region.floor();
+            self.writer.lock().write_out(self)?;
+            if region.floor() == before {
+                crate::sync::yield_now();
+            }
+        }
+    }
+
+    /// Every record below this LSN reached the OS (is in the staging ring or written).
+    pub(super) fn written_lsn(&self) -> Lsn {
+        let staged = self.ring.get().map_or(0, |r| r.region.done());
+        staged.max(self.written.load(Ordering::Acquire))
+    }
+
+    /// The LSN the next append gets.
+    pub(super) fn next_lsn(&self) -> Lsn {
+        match self.ring.get() {
+            Some(r) => r.region.cursor(),
+            None => self.appended.load(Ordering::Acquire),
+        }
+    }
+
+    /// The end of every acknowledged record: what `flush` must make durable. Records in
+    /// the ring past its `done` are still being copied, and none is acknowledged yet.
+    pub(super) fn acknowledged_end(&self) -> Lsn {
+        match self.ring.get() {
+            Some(r) => r.region.done(),
+            None => self.appended.load(Ordering::Acquire),
+        }
+    }
+
+    /// Writes the records a crashed process left in its staging ring to the segments and
+    /// syncs them, then removes that ring (`ring::leftover`). Call it at open, before any
+    /// append and before the new ring is set.
+    pub(super) fn take_leftover(&self, left: &ring::Leftover) -> Result<()> {
+        if !left.records.is_empty() {
+            let end = {
+                let mut p = self.pending.lock();
+                p.bytes.extend_from_slice(&left.records);
+                let end = self.appended.load(Ordering::Acquire) + left.records.len() as u64;
+                self.appended.store(end, Ordering::Release);
+                end
+            };
+            self.sync_to(end)?;
+        }
+        left.remove();
+        Ok(())
+    }
+}
