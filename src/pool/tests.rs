@@ -20,6 +20,13 @@ fn remap(pool: &BufferPool, pid: PageId, size: usize, byte: u8) -> bool {
     true
 }
 
+/// A new page table entry for a leaf on disk page `disk`.
+fn page(pool: &BufferPool, disk: u64) -> PageId {
+    pool.insert_page(Location::Disk(disk))
+        .expect("page id")
+        .page_id()
+}
+
 /// An eviction callback that stores the bytes in `disk` under a fresh page number.
 fn to_disk(
     disk: &mut HashMap<u64, Vec<u8>>,
@@ -49,10 +56,7 @@ fn config_is_checked() {
 #[test]
 fn mapped_block_keeps_its_bytes_and_free_list_reuses_memory() {
     let pool = BufferPool::new(1 << 20, 0).unwrap();
-    let pid = pool
-        .insert_page(Location::Disk(7))
-        .expect("page id")
-        .page_id();
+    let pid = page(&pool, 7);
     assert!(remap(&pool, pid, 256, 0xAB));
     let r = pool.read(pid);
     let Location::Mini(first) = r.location() else {
@@ -62,10 +66,7 @@ fn mapped_block_keeps_its_bytes_and_free_list_reuses_memory() {
     drop(r);
     // Growing frees the old block onto a free list; the next 256-byte block reuses it.
     assert!(remap(&pool, pid, 512, 0xCD));
-    let other = pool
-        .insert_page(Location::Disk(8))
-        .expect("page id")
-        .page_id();
+    let other = page(&pool, 8);
     let b = pool.alloc(256, other).unwrap();
     assert_eq!(b.addr(), first);
     let s = pool.stats();
@@ -101,13 +102,7 @@ fn frees_in_copy_on_access_region_become_tombstones() {
 #[test]
 fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
     let pool = BufferPool::new(64 << 10, 10).unwrap();
-    let pids: Vec<PageId> = (0..40)
-        .map(|i| {
-            pool.insert_page(Location::Disk(i))
-                .expect("page id")
-                .page_id()
-        })
-        .collect();
+    let pids: Vec<PageId> = (0..40).map(|i| page(&pool, i)).collect();
     let mut disk = HashMap::new();
     let mut mapped = Vec::new();
     for (i, &pid) in pids.iter().enumerate() {
@@ -152,10 +147,7 @@ fn full_buffer_evicts_in_order_and_contents_reach_the_callback() {
 #[test]
 fn failed_eviction_keeps_the_block_and_is_retried() {
     let pool = BufferPool::new(64 << 10, 0).unwrap();
-    let pid = pool
-        .insert_page(Location::Disk(1))
-        .expect("page id")
-        .page_id();
+    let pid = page(&pool, 1);
     assert!(remap(&pool, pid, 1024, 0x5A));
     let mut fail = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
         Err(Error::io(
@@ -182,10 +174,7 @@ fn failed_eviction_keeps_the_block_and_is_retried() {
 #[test]
 fn a_block_its_callback_leaves_attached_is_kept_and_retried() {
     let pool = BufferPool::new(64 << 10, 0).unwrap();
-    let pid = pool
-        .insert_page(Location::Disk(1))
-        .expect("page id")
-        .page_id();
+    let pid = page(&pool, 1);
     assert!(remap(&pool, pid, 1024, 0x5A));
     let mut busy = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> { Ok(()) };
     assert_eq!(pool.evict_one(&mut busy).unwrap(), Evicted::Busy);
@@ -224,13 +213,7 @@ fn free_listed_and_dead_blocks_are_passed_not_evicted() {
 #[test]
 fn wrap_around_with_odd_capacity_keeps_every_mapped_page_intact() {
     let pool = BufferPool::new(100_003, 10).unwrap();
-    let pids: Vec<PageId> = (0..64)
-        .map(|i| {
-            pool.insert_page(Location::Disk(i))
-                .expect("page id")
-                .page_id()
-        })
-        .collect();
+    let pids: Vec<PageId> = (0..64).map(|i| page(&pool, i)).collect();
     let mut disk = HashMap::new();
     let mut rng = 0x1234_5678_u64;
     let mut expect: HashMap<PageId, (usize, u8)> = HashMap::new();
@@ -276,21 +259,12 @@ fn block_that_cannot_fit_is_refused() {
 #[test]
 fn ids_are_reused_and_tables_round_trip() {
     let pool = BufferPool::new(1 << 20, 10).unwrap();
-    let a = pool
-        .insert_page(Location::Disk(10))
-        .expect("page id")
-        .page_id();
-    let b = pool
-        .insert_page(Location::Disk(11))
-        .expect("page id")
-        .page_id();
+    let a = page(&pool, 10);
+    let b = page(&pool, 11);
     assert!(remap(&pool, b, 64, 1));
     pool.write(a).remove();
     assert!(pool.read(a).is_removed());
-    let c = pool
-        .insert_page(Location::Disk(12))
-        .expect("page id")
-        .page_id();
+    let c = page(&pool, 12);
     assert_eq!(c, a);
     let mut entries = pool.page_entries();
     entries.sort_by_key(|e| e.0);
@@ -301,14 +275,7 @@ fn ids_are_reused_and_tables_round_trip() {
     let mut got = loaded.page_entries();
     got.sort_by_key(|e| e.0);
     assert_eq!(got, vec![(2, Location::Disk(20)), (5, Location::Disk(50))]);
-    let fresh: Vec<PageId> = (0..5)
-        .map(|_| {
-            loaded
-                .insert_page(Location::Disk(1))
-                .expect("page id")
-                .page_id()
-        })
-        .collect();
+    let fresh: Vec<PageId> = (0..5).map(|_| page(&loaded, 1)).collect();
     assert_eq!(fresh, vec![0, 1, 3, 4, 6]);
     assert!(matches!(
         BufferPool::with_pages(1 << 20, 10, &[(1, 1), (1, 2)]),
@@ -323,10 +290,7 @@ fn ids_are_reused_and_tables_round_trip() {
 #[test]
 fn guards_lock_the_entry() {
     let pool = BufferPool::new(1 << 20, 10).unwrap();
-    let pid = pool
-        .insert_page(Location::Disk(3))
-        .expect("page id")
-        .page_id();
+    let pid = page(&pool, 3);
     let r1 = pool.read(pid);
     let r2 = pool.read(pid);
     assert!(pool.try_write(pid).is_none());
