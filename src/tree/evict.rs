@@ -158,13 +158,7 @@ impl Shared {
             }
         }
 
-        let groups = node::split_records(
-            &records,
-            self.page_size(),
-            NodeKind::Leaf,
-            low.as_deref(),
-            high.as_deref(),
-        );
+        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref());
         if groups.len() > 1 {
             let local;
             let smo = match smo {

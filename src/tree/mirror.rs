@@ -36,13 +36,7 @@ impl Shared {
         let dirty = mini.dirty_count() > 0;
         self.counters().count(Event::Merge);
         let (low, high) = path.bounds();
-        let groups = node::split_records(
-            &records,
-            self.page_size(),
-            NodeKind::Leaf,
-            low.as_deref(),
-            high.as_deref(),
-        );
+        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref());
         if groups.len() > 1 {
             // The merged records need several leaves. After the split the pending write may
             // belong to a new sibling, so the operation restarts from the root.
@@ -91,14 +85,19 @@ impl Shared {
     ) -> Attempt<Written> {
         let disk = page.mini().and_then(|b| NodeRef::from_bytes(b).disk_page());
         let (low, high) = path.bounds();
-        let groups = node::split_records(
-            records,
-            self.page_size(),
-            NodeKind::Leaf,
-            low.as_deref(),
-            high.as_deref(),
-        );
+        let groups = self.leaf_groups(records, low.as_deref(), high.as_deref());
         self.split_into(path, page, key, records, &groups, disk)
+    }
+
+    /// `records` cut into groups that each fit one leaf page between the fences `low` and
+    /// `high`, with each group's low key (the first group's is the leaf's own low bound).
+    pub(super) fn leaf_groups(
+        &self,
+        records: &[Record],
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Vec<(std::ops::Range<usize>, Option<Vec<u8>>)> {
+        node::split_records(records, self.page_size(), NodeKind::Leaf, low, high)
     }
 
     /// Installs `records`, cut into `groups`, as this leaf (the first group) and new leaves

@@ -327,14 +327,9 @@ impl Shared {
             None => (node_records(leaf), false),
         };
         let (low, high) = path.bounds();
-        if node::split_records(
-            &records,
-            self.page_size(),
-            NodeKind::Leaf,
-            low.as_deref(),
-            high.as_deref(),
-        )
-        .len()
+        if self
+            .leaf_groups(&records, low.as_deref(), high.as_deref())
+            .len()
             != 1
         {
             return;
