@@ -95,7 +95,7 @@ fn process_cpu() -> Duration {
     // SAFETY: `getrusage` only writes the struct it is given, which is zeroed plain data.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        libc::getrusage(libc::RUSAGE_SELF, &raw mut usage);
         usage
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);

@@ -215,7 +215,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
     match xs.len() {
         0 => f64::NAN,
         n if n % 2 == 1 => xs[n / 2],
-        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+        n => f64::midpoint(xs[n / 2 - 1], xs[n / 2]),
     }
 }
 

@@ -36,8 +36,8 @@ pub enum Durability {
     /// A write returns after its log record reached the operating system; the log is synced
     /// in the background every few milliseconds. Survives a crash of the process.
     ///
-    /// Where `/dev/shm` is a tmpfs, records are staged there first, in a file per open tree
-    /// that outlives the process (a store into memory, no system call; 8 MiB, see
+    /// On Linux, records are staged first in a memory-mapped file of the log directory,
+    /// which outlives the process (a store into memory, no system call; 8 MiB, see
     /// [`Config::log_staging_size`]); the next open writes a crashed process's staged
     /// records into the log. Elsewhere each write copies its record into the log file with
     /// a system call.
@@ -316,12 +316,12 @@ impl Config {
         self
     }
 
-    /// Bytes of shared memory that stage log records under [`Durability::Buffered`]: a
-    /// file in `/dev/shm` (which must be a tmpfs), so that a write stores its record into
+    /// Bytes of the file that stages log records under [`Durability::Buffered`]: `staging`
+    /// in the log directory, mapped into memory, so that a write stores its record into
     /// memory that outlives the process instead of making a system call. A power of two
     /// from 64 KiB to 1 GiB, or 0 to stage nothing: each write then copies its record into
-    /// the log file with `pwrite`. Default 8 MiB. Where `/dev/shm` is missing, full or not a
-    /// tmpfs, the tree opens without staging.
+    /// the log file with `pwrite`. Default 8 MiB. Off Linux, or where the file cannot be
+    /// allocated or mapped (a full disk), the tree opens without staging.
     ///
     /// ```
     /// let config = bfkv::Config::new("db").log_staging_size(0);

@@ -174,7 +174,10 @@ mod tests {
 
     #[test]
     fn display_names_what_and_where() {
-        let e = Error::io("/tmp/x", std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let e = Error::io(
+            "/tmp/x",
+            std::io::Error::from(std::io::ErrorKind::StorageFull),
+        );
         let s = e.to_string();
         assert!(s.contains("/tmp/x"), "{s}");
         assert!(e.source().is_some());

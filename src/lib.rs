@@ -22,6 +22,7 @@ pub(crate) mod node;
 mod pool;
 pub(crate) mod store;
 pub(crate) mod sync;
+mod sys;
 mod tree;
 mod wal;
 

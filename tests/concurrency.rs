@@ -125,8 +125,8 @@ impl Shared {
 
     /// Whether the owner's write number `version` of owned key (i, t) is a removal.
     fn is_remove(&self, i: usize, t: usize, version: u64) -> bool {
-        mix(self.seed ^ ((i as u64) << 20) ^ ((t as u64) << 16) ^ version.wrapping_mul(0x9e37)) % 4
-            == 0
+        mix(self.seed ^ ((i as u64) << 20) ^ ((t as u64) << 16) ^ version.wrapping_mul(0x9e37))
+            .is_multiple_of(4)
     }
 
     fn stable_value(i: usize) -> Vec<u8> {

@@ -20,7 +20,7 @@ const CHILD_ENV: &str = "BFKV_CRASH_CHILD";
 const CYCLES: u64 = 20;
 
 /// The tree's configuration in mode `mode`: `sync`, `buffered` (records staged in the
-/// default ring in `/dev/shm`), `buffered-small-ring` (a 64 KiB ring, which the writer fills
+/// default staging ring in the log directory), `buffered-small-ring` (a 64 KiB ring, which the writer fills
 /// and writes out itself many times a second) or `buffered-unstaged` (no ring: each write
 /// `pwrite`s its record).
 fn config(dir: &std::path::Path, mode: &str) -> Config {

@@ -87,7 +87,7 @@ pub(crate) const MAX_NODE: usize = 65536;
 
 /// Whether `len` bytes can hold a node: 64 B to 64 KiB, a multiple of 16.
 pub(crate) fn valid_size(len: usize) -> bool {
-    len % 16 == 0 && (MIN_NODE..=MAX_NODE).contains(&len)
+    len.is_multiple_of(16) && (MIN_NODE..=MAX_NODE).contains(&len)
 }
 
 /// What a node is used as; stored in the header byte 17.

@@ -514,7 +514,7 @@ fn decode_check_survives_mutated_nodes() {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6e6f_6465);
     for _ in 0..3000 {
         let len = rng.gen_range(1..2000);
-        let mut data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        let mut data: Vec<u8> = (0..len).map(|_| rng.gen::<u8>()).collect();
         data[0] |= 0x80;
         fuzz::decode_check(&data);
     }

@@ -10,7 +10,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64 as RawAtomicU64;
 
-use memmap2::{Advice, MmapMut};
+use memmap2::MmapMut;
 
 use crate::error::{Error, Result};
 
@@ -37,7 +37,7 @@ pub(super) mod header {
 
     /// A header word for a block of `total` bytes (header included).
     pub(crate) fn make(owner: u32, state: u64, total: u64) -> u64 {
-        debug_assert!(total % 8 == 0 && total / 8 < (1 << 24) && state < 16);
+        debug_assert!(total.is_multiple_of(8) && total / 8 < (1 << 24) && state < 16);
         u64::from(owner) | (state << STATE_SHIFT) | ((total / 8) << SIZE_SHIFT)
     }
     /// The owner page id (or free-list shard index when `FREE`).
@@ -86,12 +86,13 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 impl Ring {
-    /// Maps `capacity` bytes, advised for transparent huge pages (failure to advise is fine:
-    /// huge pages only reduce TLB misses).
+    /// Maps `capacity` bytes, advised for transparent huge pages on Linux (failure to advise
+    /// is fine: huge pages only reduce TLB misses).
     pub(super) fn new(capacity: usize) -> Result<Ring> {
         let mut map =
             MmapMut::map_anon(capacity).map_err(|e| Error::io("<anonymous mapping>", e))?;
-        let _ = map.advise(Advice::HugePage);
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
         let base = NonNull::new(map.as_mut_ptr()).ok_or(Error::InvalidConfig {
             reason: "the circular buffer mapping returned a null address",
         })?;
@@ -109,7 +110,7 @@ impl Ring {
 
     /// The header word of the block at physical offset `phys`.
     pub(super) fn header(&self, phys: u64) -> &RawAtomicU64 {
-        debug_assert!(phys % 8 == 0 && phys + 8 <= self.size);
+        debug_assert!(phys.is_multiple_of(8) && phys + 8 <= self.size);
         // Header words are plain std atomics (they live in the mapping), invisible to shuttle:
         // make each access a scheduling point so the model explores header races too.
         #[cfg(shuttle)]
@@ -125,7 +126,7 @@ impl Ring {
     /// Pointer to the payload of the block at `phys`. Dereferencing it is governed by the
     /// block's state: only the holder (token, page guard, free-list shard lock) may.
     pub(super) fn payload(&self, phys: u64) -> *mut u8 {
-        debug_assert!(phys % 8 == 0 && phys + 8 <= self.size);
+        debug_assert!(phys.is_multiple_of(8) && phys + 8 <= self.size);
         // SAFETY: the offset is inside the mapping (see `header`), so `add` stays in bounds.
         unsafe { self.base.as_ptr().add(phys as usize + 8) }
     }

@@ -145,7 +145,7 @@ fn stress_locks_exclude_writers() {
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     n += 1;
-                    if (n + t) % 3 == 0 {
+                    if (n + t).is_multiple_of(3) {
                         let _w = pool.write(pid);
                         assert_eq!(inside.fetch_add(1 << 32, Ordering::SeqCst), 0);
                         inside.fetch_sub(1 << 32, Ordering::SeqCst);

@@ -152,7 +152,7 @@ fn failed_eviction_keeps_the_block_and_is_retried() {
     let mut fail = |_: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
         Err(Error::io(
             "/dev/full",
-            std::io::Error::from_raw_os_error(libc::ENOSPC),
+            std::io::Error::from(std::io::ErrorKind::StorageFull),
         ))
     };
     assert!(matches!(pool.evict_one(&mut fail), Err(Error::Io { .. })));

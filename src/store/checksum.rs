@@ -74,7 +74,7 @@ mod tests {
     #[test]
     fn agrees_with_the_crate_on_every_short_length() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let data: Vec<u8> = (0..SHORT * 2 + 16).map(|_| rng.gen()).collect();
+        let data: Vec<u8> = (0..SHORT * 2 + 16).map(|_| rng.gen::<u8>()).collect();
         for len in 0..=SHORT + 40 {
             for start in [0usize, 1, 3, 7] {
                 let piece = &data[start..start + len];

@@ -15,7 +15,6 @@
 //!   with one bit flipped.
 
 use std::collections::HashMap;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use super::disk::{self, Disk};
@@ -66,7 +65,7 @@ pub(crate) struct FaultDisk {
 
 /// The error an injected fault returns.
 fn eio() -> Error {
-    Error::io(FAULT_PATH, io::Error::from_raw_os_error(libc::EIO))
+    Error::io(FAULT_PATH, crate::sys::injected_fault())
 }
 
 impl DiskState {

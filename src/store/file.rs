@@ -1,9 +1,8 @@
 //! [`FileStore`]: the page store on a data file, through `io_uring` or `pread`/`pwrite`, with
 //! `O_DIRECT` where the file system accepts it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::disk::{self, Disk};
@@ -103,21 +102,46 @@ impl FileStore {
     }
 }
 
-/// Opens (creating) `path` for reading and writing, with `O_DIRECT` if the file system takes
-/// it; tmpfs and some others reject it with `EINVAL`, and then the page cache is used.
+/// Opens (creating, 0600) `path` for reading and writing, bypassing the page cache where
+/// the platform and file system allow: `O_DIRECT` on Linux (tmpfs and some others reject
+/// it with `EINVAL`, and then the page cache is used), `F_NOCACHE` on macOS. An existing
+/// file must be a regular file of this user that others cannot write
+/// (`sys::check_trusted`).
 fn open_file(path: &Path) -> io::Result<(File, bool)> {
-    let mut options = OpenOptions::new();
-    options.read(true).write(true).create(true);
-    #[cfg(target_os = "linux")]
+    let mut options = crate::sys::private_options();
+    options.create(true);
+    let (file, direct) = open_uncached(path, &options)?;
+    crate::sys::check_trusted(&file.metadata()?)?;
+    Ok((file, direct))
+}
+
+#[cfg(target_os = "linux")]
+fn open_uncached(path: &Path, options: &std::fs::OpenOptions) -> io::Result<(File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut direct = options.clone();
+    match direct
+        .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
+        .open(path)
     {
-        let direct = options.clone().custom_flags(libc::O_DIRECT).open(path);
-        match direct {
-            Ok(file) => return Ok((file, true)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            Err(e) => return Err(e),
-        }
+        Ok(file) => Ok((file, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((options.open(path)?, false)),
+        Err(e) => Err(e),
     }
-    options.custom_flags(0).open(path).map(|file| (file, false))
+}
+
+#[cfg(target_os = "macos")]
+fn open_uncached(path: &Path, options: &std::fs::OpenOptions) -> io::Result<(File, bool)> {
+    use std::os::unix::io::AsRawFd;
+    let file = options.open(path)?;
+    // SAFETY: fcntl(F_NOCACHE) only reads its integer arguments; the descriptor is
+    // `file`'s, open for the call.
+    let direct = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1) } == 0;
+    Ok((file, direct))
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn open_uncached(path: &Path, options: &std::fs::OpenOptions) -> io::Result<(File, bool)> {
+    Ok((options.open(path)?, false))
 }
 
 /// Makes the new file's directory entry durable.
@@ -126,9 +150,7 @@ fn sync_parent_dir(path: &Path) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    File::open(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(parent, e))
+    crate::sys::sync_dir(parent).map_err(|e| Error::io(parent, e))
 }
 
 impl FileDisk {
@@ -158,38 +180,9 @@ impl FileDisk {
             return;
         }
         let target = end.max(now + now / 8).next_multiple_of(GROW_MIN);
-        match self.preallocate(now, target - now) {
-            Ok(()) => self.backed.store(target, Ordering::Release),
-            // Never supported here: stop asking.
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                self.backed.store(u64::MAX, Ordering::Release);
-            }
-            // Out of space, say: the write itself reports it, and the next one asks again.
-            Err(_) => {}
-        }
-    }
-
-    /// `fallocate(2)` of `len` bytes at `offset`, extending the file.
-    fn preallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len))
-            else {
-                return Err(io::Error::from(io::ErrorKind::InvalidInput));
-            };
-            // SAFETY: fallocate only reads its integer arguments; the descriptor belongs to
-            // `self.file`, which outlives the call.
-            let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, offset, len) };
-            if rc == 0 {
-                return Ok(());
-            }
-            Err(io::Error::last_os_error())
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = (offset, len);
-            Err(io::Error::from(io::ErrorKind::Unsupported))
+        // Out of space, say: the write itself reports it, and the next one asks again.
+        if crate::sys::preallocate(&self.file, now, target - now).is_ok() {
+            self.backed.store(target, Ordering::Release);
         }
     }
 
@@ -197,7 +190,7 @@ impl FileDisk {
     fn pread(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+            match crate::sys::read_at(&self.file, &mut buf[done..], offset + done as u64) {
                 Ok(0) => {
                     buf[done..].fill(0);
                     break;
@@ -293,8 +286,7 @@ impl Disk for FileDisk {
             Backend::Pread => {
                 for (&page, buf) in pages.iter().zip(bufs) {
                     let offset = self.offset(page, buf.len())?;
-                    self.file
-                        .write_all_at(buf, offset)
+                    crate::sys::write_all_at(&self.file, buf, offset)
                         .map_err(|e| Error::io(&self.path, e))?;
                 }
                 Ok(())

@@ -148,9 +148,12 @@ impl PageStore for MemStore {
 
     fn allocate(&self) -> Result<PageNo> {
         let mut alloc = self.alloc.lock();
-        let page = alloc
-            .allocate()
-            .ok_or_else(|| Error::io(MEM_PATH, std::io::Error::from_raw_os_error(libc::EFBIG)))?;
+        let page = alloc.allocate().ok_or_else(|| {
+            Error::io(
+                MEM_PATH,
+                std::io::Error::from(std::io::ErrorKind::FileTooLarge),
+            )
+        })?;
         self.page_count.store(alloc.page_count(), Ordering::Release);
         Ok(page)
     }

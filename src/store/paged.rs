@@ -178,7 +178,10 @@ impl<D: Disk> PagedStore<D> {
 
     /// An error for a file that reached the largest addressable page count.
     fn file_too_large(&self) -> Error {
-        Error::io(self.disk.path(), io::Error::from_raw_os_error(libc::EFBIG))
+        Error::io(
+            self.disk.path(),
+            io::Error::from(io::ErrorKind::FileTooLarge),
+        )
     }
 
     /// Verifies the data page `pages[i]`, read into `buf`.

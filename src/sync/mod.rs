@@ -130,4 +130,4 @@ pub(crate) use rcu::{pin, EpochGuard, RcuCell};
 mod region;
 pub(crate) use region::AppendRegion;
 mod ringmap;
-pub(crate) use ringmap::{is_tmpfs, page_size, RingMap};
+pub(crate) use ringmap::RingMap;

@@ -237,14 +237,14 @@ impl AppendRegion {
 }
 
 /// A ring of `capacity` bytes over a fresh temporary file, for tests.
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 pub(crate) fn test_ring(capacity: usize) -> RingMap {
     let file = tempfile::tempfile().expect("temporary file");
     file.set_len(capacity as u64).expect("size");
     RingMap::new(&file, 0, capacity).expect("ring")
 }
 
-#[cfg(all(test, not(shuttle)))]
+#[cfg(all(test, not(shuttle), target_os = "linux"))]
 mod tests {
     use super::*;
     use crate::sync::{thread, Arc};
@@ -423,7 +423,7 @@ mod shuttle_tests {
     /// yet, and `done` never passes a range before it is published).
     #[test]
     fn shuttle_writers_and_a_drainer_never_overlap() {
-        let page = super::super::ringmap::page_size();
+        let page = crate::sys::page_size();
         shuttle::check_random(
             move || {
                 let r = Arc::new(AppendRegion::new(test_ring(page), 100));

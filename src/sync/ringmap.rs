@@ -2,11 +2,13 @@
 //! `i` of the first, so a range that runs off the end of the ring continues at its start
 //! without a seam, and the append region (`region`) hands out every range as one slice.
 //!
-//! The memory is a file's (the write-ahead log's staging ring lives in a tmpfs file, so
-//! records stored into it outlive the process: see `wal::ring`).
+//! The memory is a file's (the write-ahead log's staging ring lives in a file of the log
+//! directory, so records stored into it outlive the process: see `wal::ring`). Linux only;
+//! elsewhere [`RingMap::new`] reports `Unsupported` and the log appends through its buffer.
 
 use std::fs::File;
 use std::io;
+#[cfg(target_os = "linux")]
 use std::os::unix::io::AsRawFd;
 
 /// `capacity` bytes of a file, mapped twice in a row, readable and writable, shared.
@@ -29,12 +31,19 @@ impl RingMap {
     /// row. `capacity` must be a power of two and a multiple of the page size, `offset` a
     /// multiple of the page size, and the file at least `offset + capacity` bytes long
     /// (else `InvalidInput`); a file system that cannot allocate them fails here.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn new(_file: &File, _offset: u64, _capacity: usize) -> io::Result<RingMap> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    /// As above: allocates and maps (Linux).
+    #[cfg(target_os = "linux")]
     pub(crate) fn new(file: &File, offset: u64, capacity: usize) -> io::Result<RingMap> {
         let page = page_size();
         let long_enough = file.metadata()?.len() >= offset.saturating_add(capacity as u64);
         if !capacity.is_power_of_two()
-            || capacity % page != 0
-            || offset % page as u64 != 0
+            || !capacity.is_multiple_of(page)
+            || !offset.is_multiple_of(page as u64)
             || !long_enough
         {
             return Err(io::Error::new(
@@ -46,8 +55,8 @@ impl RingMap {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "ring offset too large"))?;
         let len = libc::off_t::try_from(capacity)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "ring too large"))?;
-        // Allocate every page now: a store into a page a full tmpfs cannot give is SIGBUS,
-        // where this is an error the caller can fall back from.
+        // Allocate every page now: a store into a page a full file system cannot give is
+        // SIGBUS, where this is an error the caller can fall back from.
         // SAFETY: fallocate only reads its integer arguments; the descriptor is `file`'s,
         // which outlives the call.
         if unsafe { libc::fallocate(file.as_raw_fd(), 0, offset, len) } != 0 {
@@ -114,6 +123,7 @@ impl RingMap {
     }
 }
 
+#[cfg(target_os = "linux")]
 impl Drop for RingMap {
     fn drop(&mut self) {
         // SAFETY: the range is the reservation `new` made (now both copies), owned by this
@@ -124,35 +134,10 @@ impl Drop for RingMap {
     }
 }
 
-/// `statfs` type of tmpfs.
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+#[cfg(target_os = "linux")]
+use crate::sys::page_size;
 
-/// Whether `dir` is on a tmpfs: memory that is never written back to a disk, and that
-/// outlives the processes that map it.
-pub(crate) fn is_tmpfs(dir: &std::path::Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: `statfs` reads the NUL-terminated path and writes only the struct it is
-    // given, zeroed plain data.
-    let (rc, st) = unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        (libc::statfs(c.as_ptr(), &mut st), st)
-    };
-    // `f_type`'s integer type differs between targets.
-    #[allow(clippy::useless_conversion)]
-    let kind = i64::from(st.f_type);
-    rc == 0 && kind == TMPFS_MAGIC
-}
-
-/// The system's page size.
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf only reads a constant of the system.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
-}
-
-#[cfg(all(test, not(shuttle)))]
+#[cfg(all(test, not(shuttle), target_os = "linux"))]
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;

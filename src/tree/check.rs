@@ -16,8 +16,7 @@ impl Shared {
                 return Err(format!("leaf {i} low bound not above its predecessor's"));
             }
             let page = self.pool().read(*pid);
-            let in_range =
-                |k: &[u8]| (i == 0 || k >= low.as_slice()) && !high.is_some_and(|h| k >= h);
+            let in_range = |k: &[u8]| (i == 0 || k >= low.as_slice()) && high.is_none_or(|h| k < h);
             let check_node = |node: NodeRef<'_>, what: &str| -> Result<(), String> {
                 let mut prev: Option<Vec<u8>> = None;
                 for r in 0..node.len() {

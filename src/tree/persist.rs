@@ -1,6 +1,6 @@
 //! Opening, checkpointing and closing a file-backed tree.
 //!
-//! A directory holds `LOCK` (an advisory `flock`), `data` (the page store) and `checkpoint`
+//! A directory (created 0700) holds `LOCK` (an advisory lock), `data` (the page store) and `checkpoint`
 //! (the leaf map). A checkpoint writes every buffered leaf (shadow-style, to new pages),
 //! syncs the data file, then replaces `checkpoint` atomically (write a temporary file,
 //! fsync, rename, fsync the directory). Pages the last checkpoint references are never
@@ -19,8 +19,7 @@
 //! | last 4 | crc32c of everything before |
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::io::AsRawFd;
+use std::fs::{self, File};
 use std::path::{Path as FsPath, PathBuf};
 
 use super::index::Index;
@@ -50,22 +49,18 @@ pub(crate) struct DirLock {
 impl DirLock {
     fn acquire(dir: &FsPath) -> Result<DirLock> {
         let path = dir.join("LOCK");
-        let file = OpenOptions::new()
+        if let Ok(meta) = fs::symlink_metadata(&path) {
+            crate::sys::check_trusted(&meta).map_err(|e| Error::io(&path, e))?;
+        }
+        let file = crate::sys::private_options()
             .create(true)
             .truncate(false)
-            .write(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        // SAFETY: flock only reads the descriptor, which `file` keeps open for the call.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(Error::Locked {
-                    path: dir.to_path_buf(),
-                });
-            }
-            return Err(Error::io(&path, err));
+        if !crate::sys::try_lock(&file).map_err(|e| Error::io(&path, e))? {
+            return Err(Error::Locked {
+                path: dir.to_path_buf(),
+            });
         }
         Ok(DirLock {
             file: Mutex::new(Some(file)),
@@ -95,7 +90,7 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
             None,
         ));
     };
-    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    crate::sys::create_private_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let lock = DirLock::acquire(&dir)?;
     let backend = match config.io_backend {
         IoBackend::IoUring => Backend::IoUring,
@@ -392,8 +387,7 @@ mod tests {
 
     #[test]
     #[cfg(not(shuttle))]
-    fn buffered_trees_stage_in_shared_memory_unless_told_not_to() {
-        let shm = std::path::Path::new("/dev/shm");
+    fn buffered_trees_stage_in_their_directory_unless_told_not_to() {
         for staging in [crate::config::DEFAULT_LOG_STAGING_SIZE, 64 << 10, 0] {
             let dir = tempfile::tempdir().expect("tempdir");
             let config = Config::new(dir.path()).log_staging_size(staging);
@@ -401,14 +395,12 @@ mod tests {
             for i in 0..2000u32 {
                 tree.insert(i.to_be_bytes(), [7u8; 40]).expect("insert");
             }
-            let name = dir.path().join("wal").join("ring");
-            let staged = staging != 0 && crate::sync::is_tmpfs(shm);
-            assert_eq!(name.exists(), staged, "staging {staging}");
-            let ring = std::fs::read_to_string(&name).ok();
+            let ring = dir.path().join("wal").join("staging");
+            let staged = staging != 0 && cfg!(target_os = "linux");
+            assert_eq!(ring.exists(), staged, "staging {staging}");
             tree.close().expect("close");
             // A clean close leaves no ring behind.
-            assert!(!name.exists());
-            assert!(ring.is_none_or(|r| !std::path::Path::new(&r).exists()));
+            assert!(!ring.exists());
             let tree = crate::Tree::open(config).expect("reopen");
             for i in 0..2000u32 {
                 assert_eq!(tree.get(i.to_be_bytes()).expect("get"), Some(vec![7u8; 40]));

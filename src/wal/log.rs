@@ -190,7 +190,7 @@ impl Wal {
                 Durability::Buffered => shared.config.ring_capacity,
                 _ => 0,
             };
-            if let Some(r) = StagingRing::create(dir, capacity, start) {
+            if let Some(r) = StagingRing::create(dir, capacity, start)? {
                 let _ = shared.ring.set(r);
             }
         }

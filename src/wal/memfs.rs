@@ -74,7 +74,7 @@ struct MemFile {
 }
 
 fn eio() -> io::Error {
-    io::Error::from_raw_os_error(libc::EIO)
+    crate::sys::injected_fault()
 }
 
 fn not_found() -> io::Error {

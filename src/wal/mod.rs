@@ -26,13 +26,14 @@
 //! lock appends need. The other committers park; the leader wakes them all when its sync is
 //! done, those it covered return at once, and one of the rest leads the next round for
 //! everything appended meanwhile. Under `Buffered`, an append reserves room in the staging
-//! ring, a tmpfs file mapped into memory, with one compare-and-swap and encodes the record
-//! there, with no lock (`ring`): the record has reached the OS when `append` returns (the
-//! file outlives the process), and its commit does nothing. The background flusher writes
-//! the ring's records into the segments with `pwrite` and syncs them every `flush_interval`;
-//! recovery writes what a crashed process left in its ring into the segments first. Where
-//! there is no tmpfs (or on the test file system), records go through the buffer and their
-//! commit writes them out. Nothing under `Buffered` waits for a sync.
+//! ring, a file of the log directory mapped into memory, with one compare-and-swap and
+//! encodes the record there, with no lock (`ring`): the record has reached the OS when
+//! `append` returns (the page cache outlives the process), and its commit does nothing. The
+//! background flusher writes the ring's records into the segments with `pwrite` and syncs
+//! them every `flush_interval`; recovery writes what a crashed process left in its ring into
+//! the segments first. Without a ring (off Linux, `log_staging_size(0)`, or on the test
+//! file system), records go through the buffer and their commit writes them out. Nothing
+//! under `Buffered` waits for a sync.
 //!
 //! # On-disk format (all integers little-endian)
 //! Segment files `wal-<first LSN as 16 lowercase hex digits>.log`, each preallocated to its

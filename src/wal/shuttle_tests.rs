@@ -22,7 +22,7 @@ fn scenario(durability: Durability) {
         durability,
         flush_interval: Duration::from_millis(1),
         // One page: `Buffered` writers fill it and write it out themselves too.
-        ring_capacity: crate::sync::page_size() as u64,
+        ring_capacity: crate::sys::page_size() as u64,
     };
     let wal = Arc::new(Wal::open(dir.path(), config.clone()).expect("open"));
     let handles: Vec<_> = (0..3u8)

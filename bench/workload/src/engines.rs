@@ -6,7 +6,9 @@ use std::path::Path;
 
 use crate::decode_value;
 use crate::runner::{BoxError, Engine};
-use bf_tree::{BfTree, LeafReadResult, ScanReturnField, StorageBackend};
+#[cfg(target_os = "linux")]
+use bf_tree::StorageBackend;
+use bf_tree::{BfTree, LeafReadResult, ScanReturnField};
 use bfkv::{Config, Durability, Tree};
 
 /// bfkv, file-backed (`io_uring`, `O_DIRECT`).
@@ -68,7 +70,8 @@ impl Engine for Bfkv {
     }
 }
 
-/// Microsoft's `bf-tree` 0.5.7, file-backed on its `IoUringBlocking` backend (`O_DIRECT`).
+/// Microsoft's `bf-tree` 0.5.7, file-backed on its `IoUringBlocking` backend (`O_DIRECT`;
+/// off Linux, its default backend).
 pub struct MsBfTree(pub BfTree);
 
 impl MsBfTree {
@@ -78,7 +81,9 @@ impl MsBfTree {
     /// # Errors
     /// bf-tree's refusal of the configuration.
     pub fn open(dir: &Path, cache: usize) -> Result<MsBfTree, BoxError> {
+        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
         let mut config = bf_tree::Config::new(dir.join("bftree.data"), cache);
+        #[cfg(target_os = "linux")]
         config.storage_backend(StorageBackend::IoUringBlocking);
         BfTree::with_config(config, None)
             .map(MsBfTree)

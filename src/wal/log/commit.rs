@@ -199,8 +199,8 @@ impl Shared {
     }
 
     /// Writes the records a crashed process left in its staging ring to the segments and
-    /// syncs them, then removes that ring (`ring::leftover`). Call it at open, before any
-    /// append and before the new ring is set.
+    /// syncs them (`ring::leftover`). Call it at open, before any append and before the
+    /// new ring is set.
     pub(super) fn take_leftover(&self, left: &ring::Leftover) -> Result<()> {
         if !left.records.is_empty() {
             let end = {
@@ -212,7 +212,6 @@ impl Shared {
             };
             self.sync_to(end)?;
         }
-        left.remove();
         Ok(())
     }
 }
