@@ -186,6 +186,12 @@ fn run_cycles(mode: &str) {
                 pending = parse(&line);
             }
         }
+        if let Some(keep) = std::env::var_os("BFKV_CRASH_KEEP") {
+            // The crashed directory, kept for a failure's post-mortem (one per mode).
+            let keep = std::path::Path::new(&keep).join(mode);
+            let _ = std::fs::remove_dir_all(&keep);
+            copy_dir(dir.path(), &keep);
+        }
         // Reopen: every acknowledged write must be there; the pending one may or may not.
         let tree = Tree::open(config(dir.path(), mode)).expect("reopen after kill");
         let mut with_pending = model.clone();
@@ -258,4 +264,18 @@ fn kill_9_loses_no_acknowledged_write_buffered_unstaged() {
         child(&spec);
     }
     run_cycles("buffered-unstaged");
+}
+
+/// Copies directory `from` to `to`, recursively.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
 }

@@ -215,10 +215,7 @@ impl Shared {
         new: u64,
         after: AfterWrite,
     ) -> Action {
-        if let Some(old) = old {
-            self.storage().supersede(old);
-        }
-        self.storage().pages().written(pid, new);
+        self.storage().moved(pid, old, new);
         match after {
             AfterWrite::Detach => Action::Detach(new),
             AfterWrite::Keep => Action::KeepClean(new),
@@ -365,10 +362,7 @@ impl Shared {
         let published = self.publish(smo, key, pid, entries);
         debug_assert!(published);
         self.counters().count(Event::Split);
-        if let Some(old) = old_disk {
-            self.storage().supersede(old);
-        }
-        self.storage().pages().written(pid, pages[0]);
+        self.storage().moved(pid, old_disk, pages[0]);
         Ok(Step::Done(Action::Detach(pages[0])))
     }
 

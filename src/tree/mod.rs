@@ -7,7 +7,7 @@
 //! | index | `index.rs`, `inner.rs` | the inner nodes (RCU root), the structure lock and version | `Index::read_leaf` / `write_leaf` (locate and lock a leaf), `try_smo` / `lock_smo`, `Shared::publish` (a split or removal) |
 //! | leaf cache | `pool/` (the buffer and mapping table), `leaf.rs`, `mirror.rs`, `admit.rs` | mini-pages and full-page mirrors, what a miss caches | `Shared::get_in_leaf`, `write_in_leaf`, `copy_to_tail` |
 //! | write-back and eviction | `evict.rs`, `batch.rs`, `checkpoint.rs`, `clean.rs` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
-//! | storage | `storage.rs`, `pages.rs` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `supersede`; `PageTracker` |
+//! | storage | `storage.rs`, `pages.rs` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
 //! | journal | `journal.rs` | the write-ahead log, the checkpoint LSN | `Journal::append` (under the leaf lock), `commit`, `replay` |
 //! | persistence | `persist.rs` | open, recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
 //! | background | `background.rs` | evictor and checkpointer threads | `Shared::nudge_evictors`, `Background::nudge_checkpointer` |

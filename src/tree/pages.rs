@@ -109,6 +109,24 @@ impl PageTracker {
         t.changed(pid, false);
     }
 
+    /// Leaf `pid` now lives in `new` instead of `old`, in one step under the tracker's lock:
+    /// a checkpoint snapshot (`begin_snapshot`) sees the leaf either in `old`, still kept,
+    /// or in `new`, never in a page already freed. Done in two steps, a snapshot taken
+    /// between them referenced `old` after it was freed, and a write-back of another leaf
+    /// reused it: after a crash the checkpoint named a page holding someone else's records.
+    /// True if the caller may free `old` now.
+    pub(crate) fn moved(&self, pid: PageId, old: Option<u64>, new: u64) -> bool {
+        let mut t = self.inner.lock();
+        t.leaf_pages.insert(pid, new);
+        t.changed(pid, true);
+        let Some(old) = old else { return false };
+        if t.checkpointed.contains(&old) || t.in_progress.contains(&old) {
+            t.deferred.push(old);
+            return false;
+        }
+        true
+    }
+
     /// `page` no longer holds a current leaf. True if the caller may free it now; false if
     /// a checkpoint references it, and it is freed after the next one (`finish_checkpoint`).
     pub(crate) fn supersede(&self, page: u64) -> bool {

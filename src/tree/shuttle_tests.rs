@@ -333,3 +333,41 @@ fn shuttle_two_writers_race_mini_page_growth() {
     shuttle::check_random(writers_race_mini_page_growth, 500);
     shuttle::check_pct(writers_race_mini_page_growth, 500, 3);
 }
+
+/// A write-back moving a leaf to a new page races a checkpoint's snapshot of the leaf map:
+/// the snapshot must never name a page the write-back freed (after a crash, that page could
+/// hold another leaf's records).
+fn page_move_races_snapshot() {
+    use super::pages::PageTracker;
+    let tracker = Arc::new(PageTracker::from_checkpoint(&[(7, 100)]));
+    // The last durable checkpoint names page 100; the leaf was written to 200 since.
+    assert!(
+        !tracker.moved(7, Some(100), 200),
+        "a checkpointed page was freed at once"
+    );
+    let mover = {
+        let tracker = tracker.clone();
+        thread::spawn(move || tracker.moved(7, Some(200), 300))
+    };
+    let snapshot = tracker
+        .begin_snapshot(vec![(Vec::new(), 7)])
+        .expect("the leaf has a page");
+    let freed_200 = mover.join().expect("mover");
+    let named = snapshot[0].2;
+    assert!(
+        !(freed_200 && named == 200),
+        "the snapshot names page 200, which the write-back freed"
+    );
+    // Once the checkpoint is durable, what it no longer names is freed, and only that.
+    let freed = tracker.finish_checkpoint(true);
+    assert!(
+        !freed.contains(&named),
+        "freed {freed:?}, snapshot names {named}"
+    );
+}
+
+#[test]
+fn shuttle_page_move_races_snapshot() {
+    shuttle::check_random(page_move_races_snapshot, 1000);
+    shuttle::check_pct(page_move_races_snapshot, 1000, 3);
+}

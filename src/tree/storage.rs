@@ -106,6 +106,14 @@ impl Storage {
         Ok(page)
     }
 
+    /// Leaf `pid` now lives in `new`: records that, and frees its old page `old` now, or
+    /// after the next checkpoint if a checkpoint references it (`PageTracker::moved`).
+    pub(crate) fn moved(&self, pid: crate::pool::PageId, old: Option<u64>, new: u64) {
+        if let (true, Some(old)) = (self.pages.moved(pid, old, new), old) {
+            self.free(old);
+        }
+    }
+
     /// `page` no longer holds a current leaf: frees it now, or after the next checkpoint if
     /// a checkpoint references it.
     pub(crate) fn supersede(&self, page: u64) {
