@@ -52,6 +52,9 @@ pub enum Error {
         file: PathBuf,
         /// The page number inside that file, when the damage is in a page.
         page: Option<u64>,
+        /// The byte offset inside that file where the damage starts, when known (the
+        /// first bad record of a log segment).
+        offset: Option<u64>,
         /// What check failed.
         reason: &'static str,
     },
@@ -101,6 +104,21 @@ impl Error {
         Error::Corruption {
             file: file.into(),
             page,
+            offset: None,
+            reason,
+        }
+    }
+
+    /// A corruption error about `file`, starting at byte `offset`.
+    pub(crate) fn corruption_at(
+        file: impl Into<PathBuf>,
+        offset: u64,
+        reason: &'static str,
+    ) -> Self {
+        Error::Corruption {
+            file: file.into(),
+            page: None,
+            offset: Some(offset),
             reason,
         }
     }
@@ -126,6 +144,7 @@ impl fmt::Display for Error {
                 file,
                 page: Some(page),
                 reason,
+                ..
             } => {
                 write!(
                     f,
@@ -136,6 +155,19 @@ impl fmt::Display for Error {
             Error::Corruption {
                 file,
                 page: None,
+                offset: Some(offset),
+                reason,
+            } => {
+                write!(
+                    f,
+                    "corruption in {} at byte {offset}: {reason}",
+                    file.display()
+                )
+            }
+            Error::Corruption {
+                file,
+                page: None,
+                offset: None,
                 reason,
             } => {
                 write!(f, "corruption in {}: {reason}", file.display())

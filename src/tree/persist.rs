@@ -387,6 +387,37 @@ mod tests {
 
     #[test]
     #[cfg(not(shuttle))]
+    fn a_logged_record_larger_than_the_tree_accepts_fails_open_promptly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config::new(dir.path()).durability(Durability::Sync);
+        let tree = crate::Tree::open(config.clone()).expect("open");
+        tree.insert(b"k", b"v").expect("insert");
+        tree.close().expect("close");
+        // A record no insert could have made: a 5 KB key, well formed in the log.
+        let wal = Wal::open(
+            &dir.path().join("wal"),
+            WalConfig {
+                durability: Durability::Sync,
+                ..WalConfig::default()
+            },
+        )
+        .expect("log");
+        let key = vec![b'x'; 5000];
+        let op = crate::wal::LogOp::Insert {
+            key: &key,
+            value: b"v",
+        };
+        let appended = wal.append(op).expect("append");
+        wal.commit(appended).expect("commit");
+        drop(wal);
+        match crate::Tree::open(config) {
+            Err(Error::Corruption { .. }) => {}
+            other => panic!("expected Corruption, got {other:?}"),
+        }
+    }
+
+    #[test]
+    #[cfg(not(shuttle))]
     fn buffered_trees_stage_in_their_directory_unless_told_not_to() {
         for staging in [crate::config::DEFAULT_LOG_STAGING_SIZE, 64 << 10, 0] {
             let dir = tempfile::tempdir().expect("tempdir");

@@ -237,9 +237,22 @@ impl Shared {
 
     /// Replays the log from the last checkpoint (recovery), before anyone else can write.
     pub(crate) fn replay_log(&self) -> Result<()> {
-        let stats = self
-            .journal
-            .replay(|key, op| self.apply(key, op, false).map(|_| ()))?;
+        let stats = self.journal.replay(|key, op| {
+            let value = match op {
+                WriteOp::Put(value) => value,
+                WriteOp::Delete => &[],
+            };
+            // The tree never logs what it would refuse; applying it could not end.
+            if self.limits.check(key, value).is_err() {
+                let dir = self.config.dir.clone().unwrap_or_default();
+                return Err(Error::corruption(
+                    dir.join("wal"),
+                    None,
+                    "log record larger than this tree accepts",
+                ));
+            }
+            self.apply(key, op, false).map(|_| ())
+        })?;
         self.counters.replayed(stats.applied);
         Ok(())
     }

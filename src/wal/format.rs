@@ -173,6 +173,39 @@ pub(crate) struct SegmentHeader {
     pub(crate) first_lsn: Lsn,
 }
 
+/// Where the synced mark sits in a segment header: the LSN below which the segment's
+/// records were synced when it was written (8 bytes), then a crc32c of the segment's first
+/// LSN and that LSN (4 bytes). All zeros: no mark.
+pub(crate) const MARK_OFFSET: u64 = 36;
+
+/// The synced mark bytes saying the records of the segment starting at `first_lsn` were
+/// synced up to `synced`.
+pub(crate) fn encode_mark(first_lsn: Lsn, synced: Lsn) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[..8].copy_from_slice(&synced.to_le_bytes());
+    let crc = checksum::crc32c_append(checksum::crc32c(&first_lsn.to_le_bytes()), &b[..8]);
+    b[8..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The synced mark in header bytes `b` of the segment starting at `first_lsn`: `Ok(None)`
+/// for no mark, an error if the mark is damaged.
+pub(crate) fn decode_mark(
+    b: &[u8; HEADER_SIZE as usize],
+    first_lsn: Lsn,
+) -> Result<Option<Lsn>, &'static str> {
+    let at = MARK_OFFSET as usize;
+    let mark = &b[at..at + 12];
+    if mark.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    let synced = le_u64(&mark[..8]);
+    if mark != encode_mark(first_lsn, synced) || synced < first_lsn {
+        return Err("log segment synced mark damaged");
+    }
+    Ok(Some(synced))
+}
+
 impl SegmentHeader {
     /// The header bytes.
     pub(crate) fn encode(&self) -> [u8; HEADER_SIZE as usize] {

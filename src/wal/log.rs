@@ -22,6 +22,11 @@ const BUFFER_LIMIT: usize = 8 << 20;
 /// Spins on an unpublished earlier record before yielding the processor to its writer.
 const PUBLISH_SPINS: u32 = 64;
 
+/// A sync writes the active segment's synced mark when the log grew this much since the
+/// last mark (`segment::write_mark`): damage below the mark is reported at open, never
+/// cut as a torn tail, and a mark costs one small `pwrite` per this many bytes.
+pub(super) const MARK_EVERY: u64 = 1 << 20;
+
 /// Most yields a group-commit leader makes while more records keep arriving.
 const GATHER_YIELDS: u32 = 4;
 
@@ -76,6 +81,8 @@ pub(super) struct Shared {
     stop: AtomicBool,
     /// `fdatasync` calls.
     pub(super) syncs: AtomicU64,
+    /// The LSN of the last synced mark written (`MARK_EVERY`).
+    marked: AtomicU64,
 }
 
 /// Group-commit state.
@@ -181,6 +188,7 @@ impl Wal {
             torn_tail: rec.torn_tail,
             stop: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
+            marked: AtomicU64::new(end),
             config,
         });
         if let Some(left) = left {
@@ -486,7 +494,7 @@ impl Drop for Wal {
         }
         // A clean close leaves nothing unsynced; errors have no one to go to here. The ring
         // goes only once its records are synced: else the next open reads them from it.
-        if self.flush().is_ok() {
+        if self.flush().is_ok() && self.shared.mark_closed().is_ok() {
             if let Some(ring) = self.shared.ring.get() {
                 ring.remove();
             }

@@ -47,7 +47,9 @@
 //! | 16 | 8 | segment size in bytes, header included (4 KiB ..= 4 GiB) |
 //! | 24 | 8 | LSN of the segment's first record |
 //! | 32 | 4 | crc32c of bytes 0..32 |
-//! | 36 | 28 | zero |
+//! | 36 | 8 | synced mark: records below this LSN were synced (0 with the crc: no mark) |
+//! | 44 | 4 | crc32c of the first LSN and the mark |
+//! | 48 | 16 | zero |
 //!
 //! Records follow from offset 64, back to back, never across segments:
 //!
@@ -69,7 +71,13 @@
 //! position holding zeros (preallocated space), the end of the file, too little room for a
 //! record, or bytes that fail any check above (a torn tail). Open cuts the last segment
 //! there durably; every segment is synced before the next one is created, so damage before
-//! the last segment is `Error::Corruption`, never silently cut.
+//! the last segment is `Error::Corruption`, never silently cut. Within the last segment the
+//! synced mark tells the two apart: a sync rewrites it (in place, carried by the next sync)
+//! whenever the log grew 1 MiB since the last mark, and a clean close writes and syncs it at
+//! the log's end. A log that ends below its mark lost synced records: that is
+//! `Error::Corruption` with the file and the byte offset, never a cut. Only damage to the
+//! records synced since the last mark (at most about 1 MiB, and only after a crash) still
+//! reads as a torn tail.
 
 mod format;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]

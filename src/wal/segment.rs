@@ -173,6 +173,14 @@ pub(crate) fn recover(fs: &dyn LogFs, dir: &Path, new_segment_size: u64) -> Resu
             "log segment unreadable",
         ));
     };
+    if synced_mark(fs, &last.seg.path, header.first_lsn)? > scan.end_lsn {
+        // Records up to the mark were synced, so they cannot be a torn tail.
+        return Err(Error::corruption_at(
+            &last.seg.path,
+            scan.end_offset,
+            "log damaged before records that were synced",
+        ));
+    }
     let file = cut_tail(fs, &last.seg.path, scan.end_offset, header.segment_size)?;
     let mut segments: Vec<Segment> = examined.into_iter().map(|e| e.seg).collect();
     segments.push(last.seg);
@@ -207,6 +215,26 @@ fn examine(fs: &dyn LogFs, seg: Segment) -> Result<Examined> {
         Err(_) => None,
     };
     Ok(Examined { seg, header, scan })
+}
+
+/// The LSN below which the segment at `path` (starting at `first_lsn`) was synced, as its
+/// header's synced mark says (`first_lsn` without a mark).
+fn synced_mark(fs: &dyn LogFs, path: &Path, first_lsn: Lsn) -> Result<Lsn> {
+    let file = fs.open(path, false).map_err(|e| Error::io(path, e))?;
+    let mut b = [0u8; HEADER_SIZE as usize];
+    if file.read_at(&mut b, 0).map_err(|e| Error::io(path, e))? < b.len() {
+        return Ok(first_lsn);
+    }
+    format::decode_mark(&b, first_lsn)
+        .map(|mark| mark.unwrap_or(first_lsn))
+        .map_err(|reason| Error::corruption_at(path, format::MARK_OFFSET, reason))
+}
+
+/// Writes the synced mark of the segment `file` (starting at `first_lsn`): its records
+/// below `synced` are on stable storage. Not synced itself: the next sync of the segment
+/// carries it.
+pub(crate) fn write_mark(file: &dyn LogFile, first_lsn: Lsn, synced: Lsn) -> io::Result<()> {
+    file.write_all_at(&format::encode_mark(first_lsn, synced), format::MARK_OFFSET)
 }
 
 /// Truncates the active segment just after its last valid record and preallocates it again

@@ -141,12 +141,13 @@ fn reopen_continues_after_the_last_record() {
     expect_replay(&wal, 0, &lsns, &recs);
 }
 
-/// Writes `n` records into one big segment and returns the log's records, LSNs and file.
+/// Writes `n` records into one big segment and returns the log's records, LSNs and file,
+/// as a crash leaves them (no close: the synced mark has not reached the records).
 fn one_segment_log(dir: &Path, n: usize) -> (Vec<Rec>, Vec<Lsn>, PathBuf) {
     let recs = random_records(3, n, 50);
     let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("open");
     let lsns = write_all(&wal, &recs);
-    drop(wal);
+    std::mem::forget(wal);
     let paths = segment_paths(dir);
     assert_eq!(paths.len(), 1);
     (recs, lsns, paths[0].clone())
@@ -263,6 +264,59 @@ fn stale_records_after_a_cut_never_come_back() {
     drop(wal);
     let wal = Wal::open(dir.path(), config(1 << 20, Durability::Sync)).expect("reopen");
     expect_replay(&wal, 0, &lsns[..49], &recs[..49]);
+}
+
+/// Flips one byte of `path` at `offset`.
+fn flip(path: &Path, offset: u64) {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).expect("read");
+    f.write_all_at(&[b[0] ^ 0x01], offset).expect("flip");
+}
+
+#[test]
+fn damage_in_the_middle_of_the_last_segment_is_reported_not_cut() {
+    // After a clean close: every record is below the synced mark.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(21, 400, 50);
+    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Buffered)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    drop(wal);
+    let path = segment_paths(dir.path()).pop().expect("a segment");
+    for victim in [0, 1, 200, 398, 399] {
+        let copy = tempfile::tempdir().expect("tempdir");
+        fs::copy(&path, copy.path().join(path.file_name().expect("name"))).expect("copy");
+        let seg = copy.path().join(path.file_name().expect("name"));
+        flip(&seg, file_offset(lsns[victim]) + 6);
+        match Wal::open(copy.path(), config(1 << 20, Durability::Sync)) {
+            Err(Error::Corruption { file, offset, .. }) => {
+                assert_eq!(file, seg);
+                assert_eq!(offset, Some(file_offset(lsns[victim])), "record {victim}");
+            }
+            other => panic!("record {victim} damaged: {other:?}"),
+        }
+    }
+    // After a crash, with more than a mark's worth synced: damage below the mark is
+    // reported too; the records synced since the last mark may still be cut as a tail.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = random_records(22, 3000, 900);
+    let wal = Wal::open(dir.path(), config(8 << 20, Durability::Sync)).expect("open");
+    let lsns = write_all(&wal, &recs);
+    std::mem::forget(wal);
+    assert!(lsns[2999] > super::log::MARK_EVERY, "the log passed a mark");
+    let path = segment_paths(dir.path()).pop().expect("a segment");
+    flip(&path, file_offset(lsns[10]) + 6);
+    assert!(matches!(
+        Wal::open(dir.path(), config(8 << 20, Durability::Sync)),
+        Err(Error::Corruption {
+            offset: Some(_),
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -7,8 +7,9 @@ use std::path::Path;
 
 use super::super::format;
 use super::super::ring::{self, StagingRing};
+use super::super::segment;
 use super::super::LogOp;
-use super::{Lsn, Shared, GATHER_YIELDS, PUBLISH_SPINS};
+use super::{Lsn, Shared, GATHER_YIELDS, MARK_EVERY, PUBLISH_SPINS};
 use crate::error::{Error, Result};
 use crate::sync::{thread, Ordering};
 
@@ -108,16 +109,36 @@ impl Shared {
 
     /// The leader's work: write out the buffer and sync the active segment.
     pub(super) fn write_and_sync(&self) -> Result<()> {
-        let (file, path, end) = {
+        let (file, path, first, end) = {
             let mut w = self.writer.lock();
             w.write_out(self)?;
-            (w.file.clone(), w.active_path(), w.end)
+            let first = w.segments.last().map_or(0, |s| s.first_lsn);
+            (w.file.clone(), w.active_path(), first, w.end)
         };
         // Outside the writer lock: appends and Buffered writes go on during the sync.
         file.sync_data().map_err(|e| self.fail_sync(&path, e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_max(end, Ordering::AcqRel);
+        if end >= self.marked.load(Ordering::Relaxed) + MARK_EVERY {
+            // The next sync makes the mark durable. A mark that fails to be written only
+            // narrows what recovery can tell apart from a torn tail: nothing to report.
+            if segment::write_mark(&*file, first, end).is_ok() {
+                self.marked.fetch_max(end, Ordering::Relaxed);
+            }
+        }
         Ok(())
+    }
+
+    /// At a clean close, after every record is synced: writes the active segment's synced
+    /// mark at the log's end and syncs it, so damage anywhere in the log is reported at the
+    /// next open.
+    pub(super) fn mark_closed(&self) -> Result<()> {
+        let w = self.writer.lock();
+        let first = w.segments.last().map_or(0, |s| s.first_lsn);
+        let end = w.end.min(self.synced.load(Ordering::Acquire));
+        let path = w.active_path();
+        segment::write_mark(&*w.file, first, end).map_err(|e| Error::io(&path, e))?;
+        w.file.sync_data().map_err(|e| self.fail_sync(&path, e))
     }
 
     /// The background flusher of `Buffered` logs.
