@@ -176,6 +176,9 @@ impl Disk for Arc<FaultDisk> {
         state.syncs += 1;
         if state.fail_sync_at == Some(state.syncs) {
             state.fail_sync_at = None;
+            // As Linux does after a failed writeback: the dirty data is dropped (the pages
+            // are marked clean), so a later flush has nothing left to write.
+            state.cache.clear();
             return Err(eio());
         }
         if !state.powered_off {

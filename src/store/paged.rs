@@ -46,6 +46,11 @@ pub(crate) struct PagedStore<D> {
     writes: AtomicU64,
     /// Calls to `sync`.
     syncs: AtomicU64,
+    /// Set once a flush of the medium failed. The kernel may have dropped the dirty pages
+    /// that flush was to write and marked them clean, so no later flush can vouch for them:
+    /// every later `sync` fails until the store is opened again and recovery re-reads what
+    /// is really on the medium.
+    sync_failed: std::sync::atomic::AtomicBool,
 }
 
 /// Checks that `page_size` is a power of two from 4 KiB to 64 KiB.
@@ -91,6 +96,61 @@ pub(super) fn check_access(
 }
 
 impl<D: Disk> PagedStore<D> {
+    /// Flushes the medium; a failure is sticky (`sync_failed`).
+    fn flush_disk(&self) -> Result<()> {
+        let result = self.disk.flush();
+        if result.is_err() {
+            self.sync_failed.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Writes this slot's free-list chain and superblock, flushing before and after the
+    /// superblock (`PageStore::sync` without its sticky-failure check).
+    fn sync_unchecked(&self) -> Result<()> {
+        let (seq, page_count, free, chain) = {
+            let mut meta = self.meta.lock();
+            let seq = meta.seq + 1;
+            let slot = (seq % 2) as usize;
+            // Growing the chain takes pages off the free list, so re-check until it fits.
+            while meta.chains[slot].len()
+                < superblock::chain_pages_needed(self.page_size, meta.alloc.free_list().len())
+            {
+                let Meta {
+                    alloc,
+                    durable_free,
+                    ..
+                } = &mut *meta;
+                let page = alloc
+                    .allocate_owned(durable_free)
+                    .ok_or_else(|| self.file_too_large())?;
+                meta.chains[slot].push(page);
+            }
+            self.page_count
+                .store(meta.alloc.page_count(), Ordering::Release);
+            let free = meta.alloc.free_list().to_vec();
+            (
+                seq,
+                meta.alloc.page_count(),
+                free,
+                meta.chains[slot].clone(),
+            )
+        };
+        let (sb, chain_bufs) = superblock::encode(self.page_size, seq, page_count, &free, &chain);
+        // Data and this slot's chain first; the superblock that makes them current last, so
+        // a crash at any point leaves one complete, valid slot.
+        self.disk.write_pages(&chain, &chain_bufs)?;
+        self.flush_disk()?;
+        self.disk
+            .write_pages(&[seq % 2], std::slice::from_ref(&sb))?;
+        self.flush_disk()?;
+        let durable_free = FreeSet::of(&free);
+        let mut meta = self.meta.lock();
+        meta.seq = seq;
+        meta.durable_free = durable_free;
+        Ok(())
+    }
+
     /// A new, empty store on `disk`: writes and syncs the first superblock.
     pub(super) fn format(disk: D, page_size: usize) -> Result<Self> {
         let meta = Meta {
@@ -156,6 +216,7 @@ impl<D: Disk> PagedStore<D> {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            sync_failed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -251,47 +312,13 @@ impl<D: Disk> PageStore for PagedStore<D> {
     fn sync(&self) -> Result<()> {
         let _serial = self.sync_lock.lock();
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        let (seq, page_count, free, chain) = {
-            let mut meta = self.meta.lock();
-            let seq = meta.seq + 1;
-            let slot = (seq % 2) as usize;
-            // Growing the chain takes pages off the free list, so re-check until it fits.
-            while meta.chains[slot].len()
-                < superblock::chain_pages_needed(self.page_size, meta.alloc.free_list().len())
-            {
-                let Meta {
-                    alloc,
-                    durable_free,
-                    ..
-                } = &mut *meta;
-                let page = alloc
-                    .allocate_owned(durable_free)
-                    .ok_or_else(|| self.file_too_large())?;
-                meta.chains[slot].push(page);
-            }
-            self.page_count
-                .store(meta.alloc.page_count(), Ordering::Release);
-            let free = meta.alloc.free_list().to_vec();
-            (
-                seq,
-                meta.alloc.page_count(),
-                free,
-                meta.chains[slot].clone(),
-            )
-        };
-        let (sb, chain_bufs) = superblock::encode(self.page_size, seq, page_count, &free, &chain);
-        // Data and this slot's chain first; the superblock that makes them current last, so
-        // a crash at any point leaves one complete, valid slot.
-        self.disk.write_pages(&chain, &chain_bufs)?;
-        self.disk.flush()?;
-        self.disk
-            .write_pages(&[seq % 2], std::slice::from_ref(&sb))?;
-        self.disk.flush()?;
-        let durable_free = FreeSet::of(&free);
-        let mut meta = self.meta.lock();
-        meta.seq = seq;
-        meta.durable_free = durable_free;
-        Ok(())
+        if self.sync_failed.load(Ordering::Acquire) {
+            return Err(Error::io(
+                self.disk.path(),
+                io::Error::other("an earlier fdatasync of the data file failed; reopen the tree"),
+            ));
+        }
+        self.sync_unchecked()
     }
 
     fn allocate(&self) -> Result<PageNo> {

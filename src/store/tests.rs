@@ -512,15 +512,23 @@ fn fault_nth_write_and_sync_fail_once_with_eio() {
     };
     eio(s.write_batch(&pages, &mut bufs));
     s.write_batch(&pages, &mut bufs).unwrap();
-    s.fail_nth_sync(1);
-    eio(s.sync());
     s.sync().unwrap();
-    // The failed sync's two flushes: the first failed; a later sync covers everything.
     let image = s.crash_image();
     let mut buf = PageBuf::new(P);
     for &p in &pages {
         image.read(p, &mut buf).unwrap();
         assert_payload(&buf, p);
+    }
+    // A failed flush is sticky: the data it was to write may be gone, so no later sync may
+    // claim it is durable (fsyncgate).
+    s.write_batch(&pages, &mut bufs).unwrap();
+    s.fail_nth_sync(1);
+    eio(s.sync());
+    for _ in 0..3 {
+        assert!(
+            matches!(s.sync(), Err(Error::Io { .. })),
+            "a later sync succeeded"
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tests of `checkpoint.rs`: passes against busy leaves, leaves changed while their batch is
 //! written, the second pass's skip, and checkpoints racing writers.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::super::inner::Seek;
@@ -512,4 +513,51 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
 /// The checkpointer's count of finished checkpoints.
 fn checkpoints_joined(h: std::thread::ScopedJoinHandle<'_, u32>) -> u32 {
     h.join().expect("checkpointer")
+}
+
+/// fsyncgate: after a failed data-file sync no checkpoint may succeed (the pages it was to
+/// make durable may be gone), so the log is never trimmed past them; reopening recovers
+/// every acknowledged write from the checkpoint before and the log.
+#[test]
+fn a_failed_data_sync_fails_every_later_checkpoint_and_loses_nothing() {
+    let (store, fs) = crash::disks();
+    let config = config().cache_size(128 << 10);
+    let tree = crash::open_with(config.clone(), store.clone(), fs.clone()).expect("open");
+    let mut model = BTreeMap::new();
+    for i in 0..3000u32 {
+        let (k, v) = (i.to_be_bytes().to_vec(), vec![(i % 251) as u8; 40]);
+        tree.insert(&k, &v).expect("insert");
+        model.insert(k, v);
+    }
+    tree.checkpoint().expect("checkpoint");
+    for i in 3000..6000u32 {
+        let (k, v) = (i.to_be_bytes().to_vec(), vec![(i % 251) as u8; 40]);
+        tree.insert(&k, &v).expect("insert");
+        model.insert(k, v);
+    }
+    store.fail_nth_sync(1);
+    assert!(
+        tree.checkpoint().is_err(),
+        "the failing checkpoint succeeded"
+    );
+    for _ in 0..3 {
+        assert!(
+            tree.checkpoint().is_err(),
+            "a checkpoint after the failed sync succeeded"
+        );
+    }
+    assert!(tree.close().is_err(), "close claimed a durable checkpoint");
+    let tree = crash::open_with(
+        config,
+        Arc::new(store.crash_image()),
+        Arc::new(fs.crash_image()),
+    )
+    .expect("reopen");
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = tree.iter().collect::<crate::Result<_>>().expect("scan");
+    assert!(
+        got == model,
+        "recovered {} of {} keys",
+        got.len(),
+        model.len()
+    );
 }
