@@ -103,6 +103,18 @@ impl Journal {
         }
     }
 
+    /// Closes the log (`Wal::close`): everything synced, nothing of it left to touch the
+    /// directory.
+    ///
+    /// # Errors
+    /// `Io` if the final sync fails.
+    pub(crate) fn close(&self) -> Result<()> {
+        match &self.wal {
+            Some(wal) => wal.close(),
+            None => Ok(()),
+        }
+    }
+
     /// Syncs the log. `Ok(false)` if writes are not logged: the caller must checkpoint to
     /// make them durable.
     ///

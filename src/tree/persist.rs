@@ -386,6 +386,47 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(not(shuttle), target_os = "linux"))]
+    fn a_closed_tree_leaves_the_directory_to_the_next_owner_untouched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config::new(dir.path()).durability(Durability::Buffered);
+        let first = open(config.clone()).expect("open");
+        first
+            .write(b"a", crate::tree::WriteOp::Put(b"1"))
+            .expect("write");
+        first.close().expect("close");
+        // The directory is free: the next tree opens it while the first still exists.
+        let second = open(config.clone()).expect("second open");
+        second
+            .write(b"b", crate::tree::WriteOp::Put(b"2"))
+            .expect("write");
+        let staging = dir.path().join("wal").join("staging");
+        assert!(staging.exists());
+        drop(first);
+        assert!(
+            staging.exists(),
+            "the closed tree removed its successor's staging file"
+        );
+        // The second tree crashes (a copy of the directory now is what a crash leaves):
+        // its staged write comes back from the directory.
+        let copy = tempfile::tempdir().expect("tempdir");
+        for sub in ["", "wal"] {
+            std::fs::create_dir_all(copy.path().join(sub)).expect("mkdir");
+            for e in std::fs::read_dir(dir.path().join(sub)).expect("read_dir") {
+                let e = e.expect("entry");
+                if e.path().is_file() && e.file_name() != "LOCK" {
+                    std::fs::copy(e.path(), copy.path().join(sub).join(e.file_name()))
+                        .expect("copy");
+                }
+            }
+        }
+        drop(second);
+        let third = crate::Tree::open(Config::new(copy.path())).expect("reopen");
+        assert_eq!(third.get(b"a").expect("get"), Some(b"1".to_vec()));
+        assert_eq!(third.get(b"b").expect("get"), Some(b"2".to_vec()));
+    }
+
+    #[test]
     #[cfg(not(shuttle))]
     fn a_logged_record_larger_than_the_tree_accepts_fails_open_promptly() {
         let dir = tempfile::tempdir().expect("tempdir");

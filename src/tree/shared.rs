@@ -306,10 +306,13 @@ impl Shared {
             return Ok(());
         }
         let result = self.checkpoint();
+        // The log lets go of the directory before the lock does: once another tree may own
+        // the directory, nothing of this one may write or remove files there.
+        let closed = self.journal.close();
         if let Some(dir) = &self.dir {
             dir.release();
         }
-        result
+        result.and(closed)
     }
 }
 

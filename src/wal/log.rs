@@ -37,8 +37,8 @@ mod commit;
 pub(crate) struct Wal {
     /// State shared with the background flusher.
     shared: Arc<Shared>,
-    /// The background flusher (`Buffered` only).
-    flusher: Option<thread::JoinHandle<()>>,
+    /// The background flusher (`Buffered` only), until `close` joins it.
+    flusher: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
 /// Everything the appenders, committers and the flusher share.
@@ -213,7 +213,10 @@ impl Wal {
             }
             _ => None,
         };
-        Ok(Wal { shared, flusher })
+        Ok(Wal {
+            shared,
+            flusher: Mutex::new(flusher),
+        })
     }
 
     /// Calls `apply` for every valid record with LSN >= `from`, in order (recovery replay).
@@ -334,6 +337,11 @@ impl Wal {
     pub(crate) fn append(&self, op: LogOp<'_>) -> Result<Appended> {
         let s = &self.shared;
         s.check_failed()?;
+        if s.stop.load(Ordering::Relaxed) {
+            return Err(Error::InvalidConfig {
+                reason: "the log is closed",
+            });
+        }
         let len = format::record_len(&op);
         let ring = s.ring.get();
         let room = (s.config.segment_size - HEADER_SIZE)
@@ -484,20 +492,36 @@ impl Wal {
     }
 }
 
-impl Drop for Wal {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        if let Some(h) = self.flusher.take() {
+impl Wal {
+    /// Closes the log: stops the flusher, syncs every record and the synced mark, and
+    /// removes the staging ring's file; later appends fail. Call it before the directory
+    /// lock is released, so that nothing of this log touches the directory once another
+    /// tree may own it. Later calls (and the drop) do nothing.
+    ///
+    /// # Errors
+    /// `Io` if the final sync fails; the ring file then stays for the next open to read.
+    pub(crate) fn close(&self) -> Result<()> {
+        if self.shared.stop.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Some(h) = self.flusher.lock().take() {
             h.thread().unpark();
             // A panicked flusher has nothing left to clean up.
             let _ = h.join();
         }
-        // A clean close leaves nothing unsynced; errors have no one to go to here. The ring
-        // goes only once its records are synced: else the next open reads them from it.
-        if self.flush().is_ok() && self.shared.mark_closed().is_ok() {
-            if let Some(ring) = self.shared.ring.get() {
-                ring.remove();
-            }
+        // The ring goes only once its records are synced: else the next open reads them.
+        self.flush()?;
+        self.shared.mark_closed()?;
+        if let Some(ring) = self.shared.ring.get() {
+            ring.remove();
         }
+        Ok(())
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        // Errors have no one to go to here; `close` reports them to those who call it.
+        let _ = self.close();
     }
 }
