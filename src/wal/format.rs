@@ -173,10 +173,12 @@ pub(crate) struct SegmentHeader {
     pub(crate) first_lsn: Lsn,
 }
 
-/// Where the synced mark sits in a segment header: the LSN below which the segment's
-/// records were synced when it was written (8 bytes), then a crc32c of the segment's first
-/// LSN and that LSN (4 bytes). All zeros: no mark.
-pub(crate) const MARK_OFFSET: u64 = 36;
+/// Where the two synced-mark slots sit in a segment header. A mark is the LSN below which
+/// the segment's records were synced when it was written (8 bytes), then a crc32c of the
+/// segment's first LSN and that LSN (4 bytes); all zeros is no mark. Marks go to the slots
+/// in turn, so a write torn by a power cut damages at most the newer one, and the older
+/// one still holds.
+pub(crate) const MARK_SLOTS: [u64; 2] = [36, 48];
 
 /// The synced mark bytes saying the records of the segment starting at `first_lsn` were
 /// synced up to `synced`.
@@ -188,22 +190,20 @@ pub(crate) fn encode_mark(first_lsn: Lsn, synced: Lsn) -> [u8; 12] {
     b
 }
 
-/// The synced mark in header bytes `b` of the segment starting at `first_lsn`: `Ok(None)`
-/// for no mark, an error if the mark is damaged.
-pub(crate) fn decode_mark(
-    b: &[u8; HEADER_SIZE as usize],
-    first_lsn: Lsn,
-) -> Result<Option<Lsn>, &'static str> {
-    let at = MARK_OFFSET as usize;
-    let mark = &b[at..at + 12];
-    if mark.iter().all(|&x| x == 0) {
-        return Ok(None);
-    }
-    let synced = le_u64(&mark[..8]);
-    if mark != encode_mark(first_lsn, synced) || synced < first_lsn {
-        return Err("log segment synced mark damaged");
-    }
-    Ok(Some(synced))
+/// The highest valid synced mark in header bytes `b` of the segment starting at
+/// `first_lsn`, if any. A slot that fails its check (a torn mark write) is ignored: the
+/// mark only ever narrows what may be cut as a torn tail, so ignoring one errs towards
+/// the cut the log made before marks existed.
+pub(crate) fn decode_mark(b: &[u8; HEADER_SIZE as usize], first_lsn: Lsn) -> Option<Lsn> {
+    MARK_SLOTS
+        .iter()
+        .filter_map(|&at| {
+            let at = at as usize;
+            let mark = &b[at..at + 12];
+            let synced = le_u64(&mark[..8]);
+            (mark == encode_mark(first_lsn, synced) && synced >= first_lsn).then_some(synced)
+        })
+        .max()
 }
 
 impl SegmentHeader {

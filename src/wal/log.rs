@@ -83,6 +83,8 @@ pub(super) struct Shared {
     pub(super) syncs: AtomicU64,
     /// The LSN of the last synced mark written (`MARK_EVERY`).
     marked: AtomicU64,
+    /// Synced marks written: picks the header slot of the next one.
+    pub(super) marks: AtomicU64,
 }
 
 /// Group-commit state.
@@ -189,6 +191,7 @@ impl Wal {
             stop: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             marked: AtomicU64::new(end),
+            marks: AtomicU64::new(0),
             config,
         });
         if let Some(left) = left {

@@ -47,9 +47,9 @@
 //! | 16 | 8 | segment size in bytes, header included (4 KiB ..= 4 GiB) |
 //! | 24 | 8 | LSN of the segment's first record |
 //! | 32 | 4 | crc32c of bytes 0..32 |
-//! | 36 | 8 | synced mark: records below this LSN were synced (0 with the crc: no mark) |
-//! | 44 | 4 | crc32c of the first LSN and the mark |
-//! | 48 | 16 | zero |
+//! | 36 | 12 | synced mark slot 0: an LSN below which the records were synced (8 bytes) and a crc32c of the first LSN and that LSN (4); zeros for none |
+//! | 48 | 12 | synced mark slot 1, the same; marks go to the slots in turn, and the higher valid one counts, so a torn mark write loses only itself |
+//! | 60 | 4 | zero |
 //!
 //! Records follow from offset 64, back to back, never across segments:
 //!

@@ -225,16 +225,20 @@ fn synced_mark(fs: &dyn LogFs, path: &Path, first_lsn: Lsn) -> Result<Lsn> {
     if file.read_at(&mut b, 0).map_err(|e| Error::io(path, e))? < b.len() {
         return Ok(first_lsn);
     }
-    format::decode_mark(&b, first_lsn)
-        .map(|mark| mark.unwrap_or(first_lsn))
-        .map_err(|reason| Error::corruption_at(path, format::MARK_OFFSET, reason))
+    Ok(format::decode_mark(&b, first_lsn).unwrap_or(first_lsn))
 }
 
-/// Writes the synced mark of the segment `file` (starting at `first_lsn`): its records
-/// below `synced` are on stable storage. Not synced itself: the next sync of the segment
-/// carries it.
-pub(crate) fn write_mark(file: &dyn LogFile, first_lsn: Lsn, synced: Lsn) -> io::Result<()> {
-    file.write_all_at(&format::encode_mark(first_lsn, synced), format::MARK_OFFSET)
+/// Writes the synced mark of the segment `file` (starting at `first_lsn`) into slot
+/// `slot % 2`: its records below `synced` are on stable storage. Not synced itself: the
+/// next sync of the segment carries it. Callers alternate the slots.
+pub(crate) fn write_mark(
+    file: &dyn LogFile,
+    slot: u64,
+    first_lsn: Lsn,
+    synced: Lsn,
+) -> io::Result<()> {
+    let at = format::MARK_SLOTS[(slot % 2) as usize];
+    file.write_all_at(&format::encode_mark(first_lsn, synced), at)
 }
 
 /// Truncates the active segment just after its last valid record and preallocates it again

@@ -690,3 +690,23 @@ fn buffered_records_are_staged_in_the_ring_and_survive_a_lost_process() {
     write_all(&wal, &recs[..10]);
     assert!(ring_file(dir.path()).is_none(), "a Sync log has a ring");
 }
+
+#[test]
+fn a_torn_synced_mark_loses_only_itself() {
+    let first = 4096;
+    let mut b = [0u8; HEADER_SIZE as usize];
+    assert_eq!(format::decode_mark(&b, first), None);
+    let put = |b: &mut [u8; HEADER_SIZE as usize], slot: usize, synced| {
+        let at = format::MARK_SLOTS[slot] as usize;
+        b[at..at + 12].copy_from_slice(&format::encode_mark(first, synced));
+    };
+    put(&mut b, 0, first + 1000);
+    put(&mut b, 1, first + 2000);
+    assert_eq!(format::decode_mark(&b, first), Some(first + 2000));
+    // The newer slot torn half way: the older mark still holds.
+    let at = format::MARK_SLOTS[1] as usize;
+    b[at + 6..at + 12].fill(0);
+    assert_eq!(format::decode_mark(&b, first), Some(first + 1000));
+    // A mark copied from another segment (another first LSN) does not count.
+    assert_eq!(format::decode_mark(&b, first + 1), None);
+}

@@ -122,7 +122,8 @@ impl Shared {
         if end >= self.marked.load(Ordering::Relaxed) + MARK_EVERY {
             // The next sync makes the mark durable. A mark that fails to be written only
             // narrows what recovery can tell apart from a torn tail: nothing to report.
-            if segment::write_mark(&*file, first, end).is_ok() {
+            let slot = self.marks.fetch_add(1, Ordering::Relaxed);
+            if segment::write_mark(&*file, slot, first, end).is_ok() {
                 self.marked.fetch_max(end, Ordering::Relaxed);
             }
         }
@@ -137,7 +138,8 @@ impl Shared {
         let first = w.segments.last().map_or(0, |s| s.first_lsn);
         let end = w.end.min(self.synced.load(Ordering::Acquire));
         let path = w.active_path();
-        segment::write_mark(&*w.file, first, end).map_err(|e| Error::io(&path, e))?;
+        let slot = self.marks.fetch_add(1, Ordering::Relaxed);
+        segment::write_mark(&*w.file, slot, first, end).map_err(|e| Error::io(&path, e))?;
         w.file.sync_data().map_err(|e| self.fail_sync(&path, e))
     }
 
