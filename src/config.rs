@@ -420,6 +420,10 @@ impl Config {
         if self.checkpoint_log_bytes < 1 << 20 {
             return bad("checkpoint log size must be at least 1 MiB");
         }
+        if self.log_segment_size < self.page_size as u64 {
+            // The largest record (half a page) must fit in a segment.
+            return bad("log segment size must be at least the page size");
+        }
         let staging = self.log_staging_size;
         if staging != 0 && !(staging.is_power_of_two() && (64 << 10..=1 << 30).contains(&staging)) {
             return bad("log staging size must be 0 or a power of two from 64 KiB to 1 GiB");

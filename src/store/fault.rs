@@ -273,6 +273,12 @@ impl FaultStore {
         self.disk.state.lock().writes
     }
 
+    /// Flushes so far (counted like `fail_nth_sync` counts them).
+    #[cfg(test)]
+    pub(crate) fn disk_syncs(&self) -> u64 {
+        self.disk.state.lock().syncs
+    }
+
     /// Changes the bytes of `page` as reads see them, bypassing checksums; the change is
     /// durable if the page is (corruption tests).
     #[cfg(test)]

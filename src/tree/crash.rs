@@ -88,7 +88,7 @@ impl CrashOp {
     }
 
     /// Applies the operation to the model.
-    fn apply(&self, model: &mut BTreeMap<Vec<u8>, Vec<u8>>) {
+    pub(super) fn apply(&self, model: &mut BTreeMap<Vec<u8>, Vec<u8>>) {
         match self {
             CrashOp::Insert(k, v) => {
                 model.insert(k.clone(), v.clone());

@@ -66,6 +66,19 @@ impl Journal {
         wal.append(record).map(Some)
     }
 
+    /// Fails if the log failed since open (`Wal::check`): the tree holds writes that were
+    /// refused, so it must answer nothing until it is reopened.
+    ///
+    /// # Errors
+    /// `Io` naming the log file that failed.
+    #[inline]
+    pub(crate) fn check(&self) -> Result<()> {
+        match &self.wal {
+            Some(wal) => wal.check(),
+            None => Ok(()),
+        }
+    }
+
     /// Waits until `appended` is durable per the configured durability.
     ///
     /// # Errors

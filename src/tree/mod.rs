@@ -45,6 +45,8 @@ mod clean;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod crash;
 mod evict;
+#[cfg(test)]
+mod fault_tests;
 mod index;
 mod inner;
 mod journal;

@@ -332,10 +332,16 @@ impl Shared {
                     .corruption(None, "leaf without a disk page at checkpoint")
             })?
         };
-        let result = store.sync().and_then(|()| {
-            let bytes = encode(self.page_size(), lsn, &snapshot);
-            write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
-        });
+        // The pages hold every write applied before their leaf was written, some logged
+        // after `lsn`: their records must be durable before the checkpoint makes those
+        // writes permanent, or a log failure could refuse a write the checkpoint kept.
+        let result = wal
+            .sync_through(wal.next_lsn())
+            .and_then(|()| store.sync())
+            .and_then(|()| {
+                let bytes = encode(self.page_size(), lsn, &snapshot);
+                write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
+            });
         for p in self.storage().pages().finish_checkpoint(result.is_ok()) {
             self.storage().free(p);
         }

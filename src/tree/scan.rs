@@ -127,6 +127,7 @@ impl<'t> Range<'t> {
             let items = self
                 .tree
                 .collect_leaf(&path, page, &self.front, &self.upper)?;
+            self.tree.journal().check()?;
             // Making the leaf a full-page mirror may have taken room.
             self.tree.nudge_evictors();
             if !has_high || past_end(&self.upper, &high) {
@@ -154,6 +155,7 @@ impl<'t> Range<'t> {
             let items = self
                 .tree
                 .collect_leaf(&path, page, &self.lower, &self.back)?;
+            self.tree.journal().check()?;
             self.tree.nudge_evictors();
             if !has_low || at_or_below_start(&self.lower, &low) {
                 self.back_done = true;

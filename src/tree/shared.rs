@@ -188,6 +188,8 @@ impl Shared {
         let (path, page) = self.index.read_leaf(&self.pool, &guard, Seek::Key(key));
         let lookup = self.get_in_leaf(&path, page, key)?;
         drop(guard);
+        // After the log failed the leaves may hold refused writes (`Journal::check`).
+        self.journal.check()?;
         if lookup.wants_room() {
             // A promotion found the buffer full. Make room for the next one; the answer is
             // already known, and a failure to evict belongs to the writer that meets it.
@@ -208,7 +210,14 @@ impl Shared {
     /// Applies a write to the tree; with `log`, appends its log record (if writes are
     /// logged) while the leaf is still locked, so the log's order for a key is the order its
     /// writes were applied.
+    ///
+    /// A write whose record the log refuses stays in the leaf, but the log has then failed
+    /// for good (`Wal::check`): the tree answers every later call with that error until it
+    /// is reopened, and the reopened tree does not have the write.
     pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Appended>> {
+        if log {
+            self.journal.check()?;
+        }
         let mut spins = 0u32;
         loop {
             let guard = sync::pin();

@@ -70,8 +70,10 @@ pub(super) struct Shared {
     pub(super) written: AtomicU64,
     /// Every record below this LSN is on stable storage.
     synced: AtomicU64,
-    /// Set when an `fdatasync` failed: the kernel may have dropped the dirty pages, so no
-    /// later sync can vouch for them and every commit fails from then on.
+    /// Set when a write or sync of the log failed (`Shared::fail`): the log was cut at the
+    /// last acknowledged record and takes nothing more; every commit fails from then on.
+    /// (After a failed `fdatasync` the kernel may have dropped the dirty pages, so no
+    /// later sync could vouch for them anyway.)
     failed: Mutex<Option<(PathBuf, io::ErrorKind)>>,
     /// Quick check of `failed`.
     is_failed: AtomicBool,
@@ -174,6 +176,7 @@ impl Wal {
                 done: 0,
                 writes: 0,
                 ring_bytes: 0,
+                dirty_to: rec.offset,
             }),
             ring: OnceLock::new(),
             group: Mutex::new(Group {
@@ -317,6 +320,7 @@ impl Wal {
         w.file = file;
         w.segment_size = s.config.segment_size;
         w.offset = HEADER_SIZE;
+        w.dirty_to = HEADER_SIZE;
         w.end = lsn;
         s.appended.store(lsn, Ordering::Release);
         // Max, not store: a sync of the old segment may still be finishing.
@@ -414,9 +418,32 @@ impl Wal {
     /// `Io` if writing or syncing the log failed.
     pub(crate) fn flush(&self) -> Result<()> {
         let s = &self.shared;
+        s.check_failed()?;
         let next = s.acknowledged_end();
         s.seen_next.fetch_max(next, Ordering::Relaxed);
         s.sync_to(next)
+    }
+
+    /// Makes every record below `lsn` durable (`fdatasync`), whatever the mode: a
+    /// checkpoint calls it for the records of the writes its pages hold, so that none of
+    /// them can fail after the checkpoint made it permanent.
+    ///
+    /// # Errors
+    /// `Io` if writing or syncing the log failed, now or earlier.
+    pub(crate) fn sync_through(&self, lsn: Lsn) -> Result<()> {
+        let s = &self.shared;
+        s.check_failed()?;
+        s.sync_to(lsn.min(s.next_lsn()))
+    }
+
+    /// Fails if a write or sync of the log failed since open: the log was cut at its
+    /// acknowledged end, and the tree must not show or keep the writes past it.
+    ///
+    /// # Errors
+    /// `Io` naming the file of the first failure.
+    #[inline]
+    pub(crate) fn check(&self) -> Result<()> {
+        self.shared.check_failed()
     }
 
     /// The LSN the next append will get.

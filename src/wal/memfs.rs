@@ -12,7 +12,8 @@
 //! acknowledged after the cut), and, if `torn`, the first half of a cut write reaches the
 //! medium. A linked `FaultStore` is powered off at the same moment, and a cut that starts in
 //! the linked store powers this file system off too. [`crash_image`](MemFs::crash_image)
-//! is what a reboot finds.
+//! is what a reboot finds. [`fail_at`](MemFs::fail_at)`(n)` makes one call fail with the
+//! power left on (a full disk, a failed `fdatasync`).
 
 use std::collections::HashMap;
 use std::io;
@@ -46,6 +47,8 @@ struct State {
     cut_at: Option<(u64, bool)>,
     /// Power is off: every call fails.
     powered_off: bool,
+    /// The call (by count) that fails on its own, doing nothing, with power staying on.
+    fail_at: Option<u64>,
 }
 
 /// An in-memory file system with a volatile cache and power cuts (module docs).
@@ -94,6 +97,10 @@ impl Inner {
                 return Err(eio());
             }
             st.ops += 1;
+            if st.fail_at == Some(st.ops) {
+                st.fail_at = None;
+                return Err(eio());
+            }
             match st.cut_at {
                 Some((n, torn)) if st.ops >= n => {
                     st.powered_off = true;
@@ -129,6 +136,13 @@ impl MemFs {
     pub(crate) fn power_cut_at(&self, n: u64, torn: bool) {
         let mut st = self.inner.state.lock();
         st.cut_at = Some((st.ops + n.max(1), torn));
+    }
+
+    /// Makes the `n`-th mutating call from now (1 = the next) fail with `EIO` and do
+    /// nothing, as a full disk or a failed `fdatasync` does; later calls succeed.
+    pub(crate) fn fail_at(&self, n: u64) {
+        let mut st = self.inner.state.lock();
+        st.fail_at = Some(st.ops + n.max(1));
     }
 
     /// Whether power is off.
@@ -216,6 +230,20 @@ impl LogFile for MemFile {
         self.inner.mutate(|st, cut| {
             if cut.is_none() {
                 st.inodes[ino].cache.resize(len as usize, 0);
+            }
+        })
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        let ino = self.inode;
+        self.inner.mutate(|st, cut| {
+            if cut.is_none() {
+                let data = &mut st.inodes[ino].cache;
+                let end = (offset + len) as usize;
+                if data.len() < end {
+                    data.resize(end, 0);
+                }
+                data[offset as usize..end].fill(0);
             }
         })
     }

@@ -38,6 +38,8 @@ pub(crate) trait LogFile: Send + Sync + Debug {
     /// Reserves blocks up to `len` bytes so later writes there need no size update; the
     /// space reads as zeros.
     fn preallocate(&self, len: u64) -> io::Result<()>;
+    /// Makes `len` bytes at `offset` read as zeros (without allocating where it can).
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()>;
 }
 
 /// The directory operations the log and checkpoints need.
@@ -136,6 +138,10 @@ impl LogFile for StdFile {
     /// `pwrite` + `fdatasync` of a 141-byte record).
     fn preallocate(&self, len: u64) -> io::Result<()> {
         crate::sys::preallocate(&self.0, 0, len)
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::sys::zero_range(&self.0, offset, len)
     }
 }
 

@@ -35,12 +35,17 @@ pub(crate) struct Writer {
     pub(super) writes: u64,
     /// Bytes taken from the staging ring and written.
     pub(super) ring_bytes: u64,
+    /// The end of the furthest write attempted in the active segment, failed ones
+    /// included: where a cut must zero up to (`Writer::cut`).
+    pub(super) dirty_to: u64,
 }
 
 impl Writer {
     /// Writes every buffered record, then every record published in the staging ring, to
     /// the segments.
     pub(super) fn write_out(&mut self, s: &Shared) -> Result<()> {
+        // After a failure nothing more reaches the segments: what follows the cut stays cut.
+        s.check_failed()?;
         {
             let mut p = s.pending.lock();
             if self.done == self.inflight.len() {
@@ -97,8 +102,9 @@ impl Writer {
             };
             if n > 0 {
                 let path = self.active_path();
+                self.dirty_to = self.dirty_to.max(self.offset + n as u64);
                 if let Err(e) = self.file.write_all_at(&rest[..n], self.offset) {
-                    return (at, Err(Error::io(path, e)));
+                    return (at, Err(s.fail(self, Error::io(path, e))));
                 }
                 self.writes += 1;
                 self.offset += n as u64;
@@ -108,7 +114,7 @@ impl Writer {
             }
             if at < bytes.len() {
                 if let Err(e) = self.next_segment(s) {
-                    return (at, Err(e));
+                    return (at, Err(s.fail(self, e)));
                 }
             }
         }
@@ -133,13 +139,56 @@ impl Writer {
             });
         }
         let path = self.active_path();
-        self.file.sync_data().map_err(|e| s.fail_sync(&path, e))?;
+        self.file.sync_data().map_err(|e| Error::io(&path, e))?;
         s.syncs.fetch_add(1, Ordering::Relaxed);
         let (seg, file) = segment::create_segment(&*s.fs, &s.dir, self.end, s.config.segment_size)?;
         self.segments.push(seg);
         self.file = file;
         self.segment_size = s.config.segment_size;
         self.offset = HEADER_SIZE;
+        self.dirty_to = HEADER_SIZE;
+        Ok(())
+    }
+
+    /// Cuts the log at `cut` after a failure (`Shared::fail`): removes the segments that
+    /// start past it, newest first (a crash midway leaves a contiguous log), and zeroes the
+    /// rest of the one holding it, so that no record from `cut` on is replayed at the next
+    /// open, whether or not the machine restarts first.
+    ///
+    /// # Errors
+    /// `Io` if a removal, the zeroing or its sync fails: records past the cut may then
+    /// come back at the next open.
+    pub(super) fn cut(&mut self, s: &Shared, cut: Lsn) -> Result<()> {
+        let keep = self
+            .segments
+            .partition_point(|seg| seg.first_lsn <= cut)
+            .max(1);
+        let holder = self.segments[keep - 1].clone();
+        let from = HEADER_SIZE + cut.saturating_sub(holder.first_lsn);
+        let to = match self.segments.get(keep) {
+            // A full segment: its records end where the next one's start.
+            Some(next) => HEADER_SIZE + (next.first_lsn - holder.first_lsn),
+            None => self.dirty_to.max(self.offset),
+        };
+        let later: Vec<Segment> = self.segments[keep..].iter().rev().cloned().collect();
+        for seg in &later {
+            segment::remove_segment(&*s.fs, &s.dir, seg)?;
+            self.segments.pop();
+        }
+        if !later.is_empty() {
+            self.file =
+                s.fs.open(&holder.path, false)
+                    .map_err(|e| Error::io(&holder.path, e))?;
+        }
+        if to > from {
+            self.file
+                .zero_range(from, to - from)
+                .and_then(|()| self.file.sync_data())
+                .map_err(|e| Error::io(&holder.path, e))?;
+        }
+        self.offset = from;
+        self.dirty_to = from;
+        self.end = cut;
         Ok(())
     }
 }

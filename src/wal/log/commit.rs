@@ -1,21 +1,22 @@
 //! The log's shared half: group commit (one leader writes and syncs for every waiting
 //! committer), the background flusher, appends into the staging ring, and the sticky record
-//! of a failed `fdatasync`.
+//! of a failed write or `fdatasync`, which cuts the log at its acknowledged end.
 
 use std::io;
-use std::path::Path;
 
 use super::super::format;
 use super::super::ring::{self, StagingRing};
 use super::super::segment;
+use super::super::writer::Writer;
 use super::super::LogOp;
 use super::{Lsn, Shared, GATHER_YIELDS, MARK_EVERY, PUBLISH_SPINS};
 use crate::error::{Error, Result};
 use crate::sync::{thread, Ordering};
+use crate::Durability;
 
 impl Shared {
-    /// Fails if an earlier `fdatasync` failed.
-    pub(super) fn check_failed(&self) -> Result<()> {
+    /// Fails if an earlier write or sync of the log failed (`Shared::fail`).
+    pub(in crate::wal) fn check_failed(&self) -> Result<()> {
         if !self.is_failed.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -26,15 +27,47 @@ impl Shared {
             .unwrap_or_else(|| (self.dir.clone(), io::ErrorKind::Other));
         Err(Error::io(
             path,
-            io::Error::new(kind, "an earlier fdatasync of the log failed"),
+            io::Error::new(
+                kind,
+                "an earlier write or sync of the log failed; reopen the tree",
+            ),
         ))
     }
 
-    /// Records a failed `fdatasync` and returns its error.
-    pub(in crate::wal) fn fail_sync(&self, path: &Path, e: io::Error) -> Error {
-        *self.failed.lock() = Some((path.to_path_buf(), e.kind()));
-        self.is_failed.store(true, Ordering::Release);
-        Error::io(path, e)
+    /// Records that a write or sync of the log failed with `err`, and returns `err`.
+    ///
+    /// The first failure cuts the log at its acknowledged end: under `Sync` the synced
+    /// end, else the end written to the OS (what `Buffered` acknowledges; records in the
+    /// staging ring stay there, acknowledged, for the next open). Records past the cut are
+    /// dropped from the buffer and zeroed in the segments, and nothing is written again:
+    /// every writer of a record past the cut gets an error, so none of those writes is
+    /// replayed at the next open. Call it holding the writer lock.
+    pub(in crate::wal) fn fail(&self, w: &mut Writer, err: Error) -> Error {
+        let cut = {
+            let mut failed = self.failed.lock();
+            if failed.is_some() {
+                return err;
+            }
+            let (path, kind) = match &err {
+                Error::Io { path, source } => (path.clone(), source.kind()),
+                _ => (self.dir.clone(), io::ErrorKind::Other),
+            };
+            *failed = Some((path, kind));
+            self.is_failed.store(true, Ordering::Release);
+            // Under the lock that `synced` only moves under (`write_and_sync`): no record
+            // past the cut is acknowledged later.
+            match self.config.durability {
+                Durability::Sync => self.synced.load(Ordering::Acquire),
+                _ => self.written.load(Ordering::Acquire),
+            }
+        };
+        self.pending.lock().bytes.clear();
+        w.inflight.clear();
+        w.done = 0;
+        // Best effort: the error that caused the cut is the one to report. A cut that
+        // fails leaves records past it that the next open may replay.
+        let _ = w.cut(self, cut);
+        err
     }
 
     /// Returns once every record below `target` reached the OS.
@@ -116,9 +149,21 @@ impl Shared {
             (w.file.clone(), w.active_path(), first, w.end)
         };
         // Outside the writer lock: appends and Buffered writes go on during the sync.
-        file.sync_data().map_err(|e| self.fail_sync(&path, e))?;
+        if let Err(e) = file.sync_data() {
+            let mut w = self.writer.lock();
+            return Err(self.fail(&mut w, Error::io(&path, e)));
+        }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.synced.fetch_max(end, Ordering::AcqRel);
+        {
+            // A failure recorded meanwhile cut the log at the old synced end: these
+            // records are gone, so they must not be acknowledged.
+            let failed = self.failed.lock();
+            if failed.is_some() {
+                drop(failed);
+                return self.check_failed();
+            }
+            self.synced.fetch_max(end, Ordering::AcqRel);
+        }
         if end >= self.marked.load(Ordering::Relaxed) + MARK_EVERY {
             // The next sync makes the mark durable. A mark that fails to be written only
             // narrows what recovery can tell apart from a torn tail: nothing to report.
@@ -134,13 +179,16 @@ impl Shared {
     /// mark at the log's end and syncs it, so damage anywhere in the log is reported at the
     /// next open.
     pub(super) fn mark_closed(&self) -> Result<()> {
-        let w = self.writer.lock();
+        let mut w = self.writer.lock();
         let first = w.segments.last().map_or(0, |s| s.first_lsn);
         let end = w.end.min(self.synced.load(Ordering::Acquire));
         let path = w.active_path();
         let slot = self.marks.fetch_add(1, Ordering::Relaxed);
         segment::write_mark(&*w.file, slot, first, end).map_err(|e| Error::io(&path, e))?;
-        w.file.sync_data().map_err(|e| self.fail_sync(&path, e))
+        match w.file.sync_data() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(&mut w, Error::io(&path, e))),
+        }
     }
 
     /// The background flusher of `Buffered` logs.
