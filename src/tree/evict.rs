@@ -11,8 +11,8 @@ use super::inner::{Entry, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};
 use super::stats::Event;
 use super::storage::Storage;
-use super::{Attempt, Restart, Shared, Step, FLAG_DIRTY, NO_PAGE};
-use crate::error::Result;
+use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
+use crate::error::{Error, Result};
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record};
 use crate::pool::{EvictGuard, Location, PageId, WriteGuard};
 use crate::store::{PageBuf, PageStore};
@@ -51,9 +51,10 @@ pub(super) enum Action {
 enum Merged {
     /// The merged leaf is written (or staged).
     Written(Action),
-    /// The merged records overflow the page or leave it empty: these are they, for the
-    /// general path.
-    Fallback(Vec<Record>),
+    /// The merged records overflow the page or leave it empty (or the page was damaged
+    /// and these are the records salvaged from the mini-page): these are they, for the
+    /// general path, and whether the leaf is damaged (`FLAG_DAMAGED`).
+    Fallback(Vec<Record>, bool),
 }
 
 /// Whether a cached node holds changes its disk page lacks: a dirty (or never written)
@@ -63,6 +64,16 @@ pub(super) fn needs_write_back(node: NodeRef<'_>) -> bool {
         NodeKind::Leaf => node.flags() & FLAG_DIRTY != 0 || node.disk_page().is_none(),
         _ => node.dirty_count() > 0,
     }
+}
+
+/// The leaves a split writes: `records` cut into `groups` (each with its low fence), the
+/// last bounded above by `high`, all marked damaged if the leaf was.
+#[derive(Clone, Copy)]
+struct Leaves<'a> {
+    records: &'a [Record],
+    groups: &'a [(std::ops::Range<usize>, Option<Vec<u8>>)],
+    high: Option<&'a [u8]>,
+    damaged: bool,
 }
 
 impl Shared {
@@ -108,21 +119,21 @@ impl Shared {
         if !needs_write_back(node) {
             return Ok(Step::Done(Action::Nothing));
         }
-        let (records, route_key) = if node.kind() == NodeKind::Leaf {
+        let (records, route_key, damaged) = if node.kind() == NodeKind::Leaf {
             let records = node_records(node);
             let route = records.first().map(|r| r.key.to_vec());
-            (records, route)
+            (records, route, node.flags() & FLAG_DAMAGED != 0)
         } else {
             let mut route = Vec::new();
             node.key_into(0, &mut route);
-            let records = match disk {
+            let (records, damaged) = match disk {
                 Some(p) => match self.merge_in_place(pid, node, p, after, batch.as_deref_mut())? {
                     Merged::Written(action) => return Ok(Step::Done(action)),
-                    Merged::Fallback(records) => records,
+                    Merged::Fallback(records, damaged) => (records, damaged),
                 },
-                None => live_records(node),
+                None => (live_records(node), false),
             };
-            (records, Some(route))
+            (records, Some(route), damaged)
         };
         self.counters().count(Event::WriteBack);
 
@@ -143,7 +154,8 @@ impl Shared {
             None => (None, None),
         };
 
-        if records.is_empty() {
+        // An emptied damaged leaf stays: removing it would make its lost keys read as absent.
+        if records.is_empty() && !damaged {
             if let Some(key) = &route_key {
                 if self.unlink_empty(pid, disk, key, smo) {
                     return Ok(Step::Done(Action::Detach(NO_PAGE)));
@@ -172,7 +184,13 @@ impl Shared {
                 },
             };
             let key = route_key.as_deref().unwrap_or_default();
-            return self.write_split(pid, disk, key, &records, &groups, high.as_deref(), smo);
+            let leaves = Leaves {
+                records: &records,
+                groups: &groups,
+                high: high.as_deref(),
+                damaged,
+            };
+            return self.write_split(pid, disk, key, &leaves, smo);
         }
 
         let Some(store) = self.storage().store() else {
@@ -181,11 +199,11 @@ impl Shared {
         let (low, high) = (low.as_deref(), high.as_deref());
         if let Some(batch) = batch {
             let buf = batch.next_buf(self.page_size());
-            self.build_leaf(buf, low, high, &records)?;
+            self.build_leaf(buf, low, high, &records, damaged)?;
             return Ok(Step::Done(batch.stage(&**store, disk)?));
         }
         let new_page = with_page_buf(self.page_size(), |buf| -> Result<u64> {
-            self.build_leaf(buf, low, high, &records)?;
+            self.build_leaf(buf, low, high, &records, damaged)?;
             Storage::write_new_page(&**store, buf)
         })?;
         Ok(Step::Done(self.moved(pid, disk, new_page, after)))
@@ -198,12 +216,17 @@ impl Shared {
         low: Option<&[u8]>,
         high: Option<&[u8]>,
         records: &[Record],
+        damaged: bool,
     ) -> Result<()> {
         buf.fill(0);
         node::build(buf, NodeKind::Leaf, low, high, records).map_err(|_| {
             // `split_records` said one page suffices; never write a partial leaf.
             self.storage().corruption(None, "leaf did not fit its page")
-        })
+        })?;
+        if damaged {
+            NodeMut::from_bytes(buf).set_flags(FLAG_DAMAGED);
+        }
+        Ok(())
     }
 
     /// Records that leaf `pid` now lives in `new` instead of `old` and says what becomes of
@@ -235,16 +258,18 @@ impl Shared {
         batch: Option<&mut PageBatch>,
     ) -> Result<Merged> {
         let Some(store) = self.storage().store() else {
-            return Ok(Merged::Fallback(Vec::new()));
+            return Ok(Merged::Fallback(Vec::new(), false));
         };
         // Given the leaf's page in `buf`: the merged leaf, or the records to fall back with.
-        let merge = |buf: &mut PageBuf| -> Result<Option<Vec<Record>>> {
-            self.storage().check_leaf(disk, buf)?;
+        // The page passed its checksum; the merge keeps its flags (a damaged leaf stays so).
+        let merge = |buf: &mut PageBuf| -> Result<Option<(Vec<Record>, bool)>> {
+            let damaged = self.storage().check_leaf(disk, buf)?.flags() & FLAG_DAMAGED != 0;
             let merged = NodeMut::from_bytes(buf).merge_from(mini);
             // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
             // by the general path.
             if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
-                return Ok(Some(node::merge_sorted(NodeRef::from_bytes(buf), mini)));
+                let records = node::merge_sorted(NodeRef::from_bytes(buf), mini);
+                return Ok(Some((records, damaged)));
             }
             self.counters().count(Event::WriteBack);
             Ok(None)
@@ -254,24 +279,25 @@ impl Shared {
             let buf = batch.next_buf(self.page_size());
             // An image read ahead under the write token the caller checked
             // (`keep_images_if`) saves the read.
-            let replaced = if let Some(mut image) = image {
+            let (read, replaced) = if let Some(mut image) = image {
                 std::mem::swap(buf, &mut image);
-                Some(image)
+                (Ok(()), Some(image))
             } else {
-                self.storage().read_page(disk, buf)?;
-                None
+                (self.read_leaf_page(disk, buf), None)
             };
-            let merged = merge(buf);
+            let merged = read.and_then(|()| merge(buf));
             batch.give_spare(replaced);
-            if let Some(records) = merged? {
-                return Ok(Merged::Fallback(records));
-            }
-            return Ok(Merged::Written(batch.stage(&**store, Some(disk))?));
+            return match merged {
+                Ok(Some((records, damaged))) => Ok(Merged::Fallback(records, damaged)),
+                Ok(None) => Ok(Merged::Written(batch.stage(&**store, Some(disk))?)),
+                Err(e) => self.salvage(e, mini),
+            };
         }
         with_page_buf(self.page_size(), |buf| {
-            self.storage().read_page(disk, buf)?;
-            if let Some(records) = merge(buf)? {
-                return Ok(Merged::Fallback(records));
+            match self.read_leaf_page(disk, buf).and_then(|()| merge(buf)) {
+                Ok(Some((records, damaged))) => return Ok(Merged::Fallback(records, damaged)),
+                Ok(None) => {}
+                Err(e) => return self.salvage(e, mini),
             }
             let new_page = Storage::write_new_page(&**store, buf)?;
             Ok(Merged::Written(self.moved(
@@ -281,6 +307,33 @@ impl Shared {
                 after,
             )))
         })
+    }
+
+    /// Reads leaf page `disk` into `buf` and checks it; reads once more if it fails its
+    /// checksum, so that a damaged read is not taken for a damaged page.
+    fn read_leaf_page(&self, disk: u64, buf: &mut PageBuf) -> Result<()> {
+        let read = |buf: &mut PageBuf| {
+            self.storage().read_page(disk, buf)?;
+            self.storage().check_leaf(disk, buf).map(|_| ())
+        };
+        match read(buf) {
+            Err(Error::Corruption { .. }) => read(buf),
+            other => other,
+        }
+    }
+
+    /// A mini-page's leaf page is damaged (`err` is `Corruption`): the leaf is rewritten
+    /// from the records the mini-page holds, marked damaged (`FLAG_DAMAGED`), so that its
+    /// acknowledged writes reach disk, the damage stays reported, and the rest of the tree
+    /// (evictions, checkpoints, the log's trimming) goes on. Any other error is returned.
+    fn salvage(&self, err: Error, mini: NodeRef<'_>) -> Result<Merged> {
+        match err {
+            Error::Corruption { .. } => {
+                self.counters().count(Event::Salvage);
+                Ok(Merged::Fallback(live_records(mini), true))
+            }
+            e => Err(e),
+        }
     }
 
     /// Removes an emptied leaf from the structure. Its page id is freed later by
@@ -323,11 +376,10 @@ impl Shared {
         pid: PageId,
         old_disk: Option<u64>,
         key: &[u8],
-        records: &[Record],
-        groups: &[(std::ops::Range<usize>, Option<Vec<u8>>)],
-        high: Option<&[u8]>,
+        leaves: &Leaves<'_>,
         smo: &SmoGuard<'_>,
     ) -> Attempt<Action> {
+        let groups = leaves.groups;
         let Some(store) = self.storage().store() else {
             return Ok(Step::Done(Action::Nothing));
         };
@@ -343,7 +395,7 @@ impl Shared {
         let guard = sync::pin();
         let path = self.index().descend(&guard, Seek::Key(key));
         let (low, _) = path.bounds();
-        let pages = match self.write_leaves(&**store, low.as_deref(), high, records, groups) {
+        let pages = match self.write_leaves(&**store, low.as_deref(), leaves) {
             Ok(pages) => pages,
             Err(e) => {
                 new_leaves.into_iter().for_each(WriteGuard::remove);
@@ -373,10 +425,14 @@ impl Shared {
         &self,
         store: &dyn PageStore,
         low: Option<&[u8]>,
-        high: Option<&[u8]>,
-        records: &[Record],
-        groups: &[(std::ops::Range<usize>, Option<Vec<u8>>)],
+        leaves: &Leaves<'_>,
     ) -> Result<Vec<u64>> {
+        let Leaves {
+            records,
+            groups,
+            high,
+            damaged,
+        } = *leaves;
         let mut pages = Vec::with_capacity(groups.len());
         let mut bufs = Vec::with_capacity(groups.len());
         let mut built = || -> Result<()> {
@@ -391,7 +447,11 @@ impl Shared {
                         .storage()
                         .corruption(Some(page_no), "leaf did not fit its page"));
                 }
-                NodeMut::from_bytes(&mut buf).set_disk_page(Some(page_no));
+                let mut node = NodeMut::from_bytes(&mut buf);
+                node.set_disk_page(Some(page_no));
+                if damaged {
+                    node.set_flags(FLAG_DAMAGED);
+                }
                 bufs.push(buf);
             }
             store.write_batch(&pages, &mut bufs)

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 
 use super::inner::Path;
 use super::stats::Event;
-use super::{Attempt, Restart, Shared, Step, WriteOp, FLAG_DIRTY, NO_PAGE};
+use super::{Attempt, Restart, Shared, Step, WriteOp, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind, Search};
 use crate::pool::{Location, ReadGuard, WriteGuard};
@@ -196,9 +196,14 @@ impl Shared {
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
             let leaf = self.storage().check_leaf(disk, buf)?;
-            let value = leaf
-                .get(key)
-                .and_then(|(_, kind, v)| kind.exists().then(|| v.to_vec()));
+            let found = leaf.get(key);
+            if found.is_none() && leaf.flags() & FLAG_DAMAGED != 0 {
+                return Err(self.storage().corruption(
+                    Some(disk),
+                    "the key is in a damaged leaf that may have lost it",
+                ));
+            }
+            let value = found.and_then(|(_, kind, v)| kind.exists().then(|| v.to_vec()));
             let mut wants_room = false;
             if self.promotes(key) {
                 if let Ok(mut w) = page.try_upgrade() {

@@ -8,7 +8,7 @@
 use super::inner::{Entry, Path};
 use super::leaf::{live_records, with_page_buf, Written};
 use super::stats::Event;
-use super::{Attempt, Restart, Shared, Step, FLAG_DIRTY, NO_PAGE};
+use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::{Error, Result};
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::{Location, WriteGuard};
@@ -29,7 +29,14 @@ impl Shared {
         let records = match disk {
             Some(p) => with_page_buf(self.page_size(), |buf| -> Result<Vec<Record>> {
                 self.storage().read_page(p, buf)?;
-                Ok(node::merge_sorted(self.storage().check_leaf(p, buf)?, mini))
+                let leaf = self.storage().check_leaf(p, buf)?;
+                if leaf.flags() & FLAG_DAMAGED != 0 {
+                    // A mirror says it holds every record of its leaf; this one cannot.
+                    return Err(self
+                        .storage()
+                        .corruption(Some(p), "a damaged leaf cannot take more writes"));
+                }
+                Ok(node::merge_sorted(leaf, mini))
             })?,
             None => live_records(mini),
         };

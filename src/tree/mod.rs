@@ -81,6 +81,12 @@ const NO_PAGE: u64 = crate::pool::MAX_DISK_PAGE;
 /// Node flag (tree-owned bit of the node header): a full-page mirror that differs from disk.
 const FLAG_DIRTY: u8 = 1 << 2;
 
+/// Node flag of a leaf page: written in place of a page that failed its checksum, so it
+/// holds only the records that were cached when the damage was found (`evict.rs`,
+/// "salvage"). A key it lacks may have been lost: a lookup that misses it, and any scan
+/// through it, answer `Corruption`. The flag passes to every later version of the leaf.
+const FLAG_DAMAGED: u8 = 1 << 3;
+
 /// What a write does to its key.
 #[derive(Clone, Copy)]
 pub(crate) enum WriteOp<'a> {

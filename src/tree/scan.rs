@@ -13,7 +13,7 @@ use std::ops::Bound;
 use super::inner::{Path, Seek};
 use super::leaf::{node_records, with_page_buf};
 use super::stats::Event;
-use super::{Shared, FLAG_DIRTY, NO_PAGE};
+use super::{Shared, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
 use crate::node::{self, NodeKind, NodeMut, NodeRef, RecordKind};
 use crate::pool::{Location, ReadGuard};
@@ -300,6 +300,11 @@ impl Shared {
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
             let leaf = self.storage().check_leaf(disk, buf)?;
+            if leaf.flags() & FLAG_DAMAGED != 0 {
+                return Err(self
+                    .storage()
+                    .corruption(Some(disk), "the scan crosses a damaged leaf"));
+            }
             let items = overlay(node_slice(leaf, start, end), over);
             if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > super::leaf::percent_roll()

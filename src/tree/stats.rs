@@ -41,6 +41,9 @@ pub struct Stats {
     pub splits: u64,
     /// Emptied leaves removed from the tree.
     pub leaves_removed: u64,
+    /// Leaves rewritten from their cached records because their page failed its checksum
+    /// (the leaf stays marked damaged: its other keys answer `Corruption`).
+    pub leaves_salvaged: u64,
     /// Blocks evicted from the buffer.
     pub evictions: u64,
     /// Of those, the evictions an operation made on its own thread because it found the
@@ -112,6 +115,8 @@ pub(crate) enum Event {
     Split,
     /// An emptied leaf removed from the tree.
     LeafRemoved,
+    /// A damaged leaf rewritten from its cached records.
+    Salvage,
     /// A completed checkpoint.
     Checkpoint,
     /// An eviction made by an operation that found the buffer full.
@@ -131,6 +136,7 @@ pub(crate) struct Counters {
     write_backs: AtomicU64,
     splits: AtomicU64,
     leaves_removed: AtomicU64,
+    leaves_salvaged: AtomicU64,
     checkpoints: AtomicU64,
     replayed: AtomicU64,
     foreground_evictions: AtomicU64,
@@ -153,6 +159,7 @@ impl Counters {
             Event::WriteBack => &self.write_backs,
             Event::Split => &self.splits,
             Event::LeafRemoved => &self.leaves_removed,
+            Event::Salvage => &self.leaves_salvaged,
             Event::Checkpoint => &self.checkpoints,
             Event::ForegroundEviction => &self.foreground_evictions,
         };
@@ -202,6 +209,7 @@ impl Shared {
             write_backs: get(&c.write_backs),
             splits: get(&c.splits),
             leaves_removed: get(&c.leaves_removed),
+            leaves_salvaged: get(&c.leaves_salvaged),
             evictions: self.pool().stats().evictions,
             foreground_evictions: get(&c.foreground_evictions),
             pages_read: store.reads,
