@@ -17,7 +17,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const CHILD_ENV: &str = "BFKV_CRASH_CHILD";
-const CYCLES: u64 = 20;
+/// Kill cycles per mode: 30 (120 kills over the four modes, 30 under `Sync`, 90 under
+/// `Buffered`); `BFKV_CRASH_CYCLES` asks for more (docs/ARCHITECTURE.md, "Testing").
+fn cycles() -> u64 {
+    std::env::var("BFKV_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30)
+}
 
 /// The tree's configuration in mode `mode`: `sync`, `buffered` (records staged in the
 /// default staging ring in the log directory), `buffered-small-ring` (a 64 KiB ring, which the writer fills
@@ -114,7 +121,7 @@ fn run_cycles(mode: &str) {
     );
     let mut rng = StdRng::seed_from_u64(0x00C0_FFEE ^ mode.len() as u64);
     let mut acknowledged_total = 0u64;
-    for cycle in 0..CYCLES {
+    for cycle in 0..cycles() {
         let mut child = Command::new(&exe)
             .args([
                 test_name.as_str(),
