@@ -23,6 +23,9 @@
 //! | 16 | 8 | capacity in bytes (a power of two, at most 1 GiB) |
 //! | 24 | 8 | file offset of the ring's first byte (a page multiple, at most 1 MiB) |
 //! | 32 | 4 | crc32c of bytes 0..32 |
+//! | 40 | 8 | published mark: a hash of the boot id of the machine that wrote it |
+//! | 48 | 8 | published mark: every record below this LSN was published |
+//! | 56 | 4 | crc32c of bytes 40..56 (zeros: no mark) |
 //!
 //! The ring's bytes hold records in the log's own format (`format`): position `p` is byte
 //! `p mod capacity`, and each record's checksum covers its LSN, so a record left from an
@@ -39,6 +42,13 @@
 //! new file is made under a temporary name and renamed once its header is synced, so a
 //! `staging` file with a bad header is damage (`Err(Corruption)`), never a half-made file.
 //! A clean close drains and syncs the ring, then removes the file.
+//!
+//! Damage is told from a torn tail by the published mark, which the flusher rewrites on
+//! each tick (one `pwrite` per tick). Without a restart of the machine, a crashed
+//! process's ring is exactly as it left it: every record below the mark decodes, and one
+//! that does not is `Err(Corruption)` at its offset. After a restart (the boot id differs)
+//! the page cache may have reached the file in any order, so the records are read up to the
+//! first that fails, as for a log tail: `Buffered` never promised them across a power cut.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -47,7 +57,7 @@ use super::format::{self, SegmentHeader, HEADER_SIZE};
 use super::Lsn;
 use crate::error::{Error, Result};
 use crate::store::checksum;
-use crate::sync::{AppendRegion, RingMap};
+use crate::sync::{AppendRegion, AtomicU64, Ordering, RingMap};
 use crate::sys;
 
 /// The ring's file in the log directory.
@@ -64,6 +74,9 @@ const MAX_CAPACITY: u64 = 1 << 30;
 /// Largest data offset a header may claim.
 const MAX_DATA_OFFSET: u64 = 1 << 20;
 
+/// Offset of the published mark in the header.
+const MARK_AT: u64 = 40;
+
 /// The ring of a running log.
 #[derive(Debug)]
 pub(super) struct StagingRing {
@@ -71,6 +84,47 @@ pub(super) struct StagingRing {
     pub(super) region: AppendRegion,
     /// The ring's file.
     path: PathBuf,
+    /// The same file, for the published mark.
+    file: File,
+    /// The LSN of the last mark written.
+    marked: AtomicU64,
+}
+
+/// A hash of this boot's id (`/proc/sys/kernel/random/boot_id`), or `None` where there is
+/// none: then no mark is trusted to tell damage from a torn tail.
+fn boot() -> Option<u64> {
+    static BOOT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let id = fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+        let id = id.trim_ascii();
+        (!id.is_empty()).then(|| {
+            u64::from(checksum::crc32c(id)) << 32 | u64::from(checksum::crc32c(&id[id.len() / 2..]))
+        })
+    })
+}
+
+/// The published-mark bytes: `boot`, `lsn`, their checksum.
+fn encode_mark(boot: u64, lsn: Lsn) -> [u8; 20] {
+    let mut b = [0u8; 20];
+    b[..8].copy_from_slice(&boot.to_le_bytes());
+    b[8..16].copy_from_slice(&lsn.to_le_bytes());
+    let crc = checksum::crc32c(&b[..16]);
+    b[16..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The published mark in a header, if one is there and intact: (boot hash, LSN).
+fn decode_mark(h: &[u8; HEADER_LEN]) -> Option<(u64, Lsn)> {
+    let b = &h[MARK_AT as usize..MARK_AT as usize + 20];
+    let crc = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+    if crc != checksum::crc32c(&b[..16]) {
+        return None;
+    }
+    let mut boot = [0u8; 8];
+    let mut lsn = [0u8; 8];
+    boot.copy_from_slice(&b[..8]);
+    lsn.copy_from_slice(&b[8..16]);
+    Some((u64::from_le_bytes(boot), u64::from_le_bytes(lsn)))
 }
 
 /// The header of a ring file.
@@ -147,12 +201,29 @@ impl StagingRing {
                 Err(_) => return Ok(None),
             }
         };
-        Ok(RingMap::new(&file, header.data_offset, len)
-            .ok()
-            .map(|map| StagingRing {
-                region: AppendRegion::new(map, start),
-                path,
-            }))
+        let Ok(map) = RingMap::new(&file, header.data_offset, len) else {
+            return Ok(None);
+        };
+        Ok(Some(StagingRing {
+            region: AppendRegion::new(map, start),
+            path,
+            file,
+            marked: AtomicU64::new(start),
+        }))
+    }
+
+    /// Records that every record below `lsn` is published (the flusher calls it each
+    /// tick). Best effort: a mark that is not written only leaves more of the ring to be
+    /// read like a log tail.
+    pub(super) fn mark(&self, lsn: Lsn) {
+        if self.marked.load(Ordering::Relaxed) == lsn {
+            return;
+        }
+        if let Some(boot) = boot() {
+            if sys::write_all_at(&self.file, &encode_mark(boot, lsn), MARK_AT).is_ok() {
+                self.marked.store(lsn, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Removes the ring's file (a clean close, once every record in it is synced). A file
@@ -173,6 +244,8 @@ fn reuse(path: &Path, header: RingHeader) -> std::io::Result<Option<File>> {
         return Ok(None);
     }
     sys::zero_range(&file, header.data_offset, header.capacity)?;
+    // The old run's mark goes with its records.
+    sys::write_all_at(&file, &[0u8; 20], MARK_AT)?;
     file.sync_data()?;
     Ok(Some(file))
 }
@@ -222,6 +295,11 @@ pub(super) struct Leftover {
 /// user, or writable by others); `Corruption` if its header is damaged, or if a ring of
 /// bfkv 0.1 (kept outside the directory) is named there.
 pub(super) fn leftover(dir: &Path, end: Lsn) -> Result<Leftover> {
+    leftover_on(dir, end, boot())
+}
+
+/// [`leftover`] as if this were boot `boot` (tests pass another).
+fn leftover_on(dir: &Path, end: Lsn, boot: Option<u64>) -> Result<Leftover> {
     let old = dir.join(OLD_NAME_FILE);
     if fs::symlink_metadata(&old).is_ok() {
         return Err(Error::corruption(
@@ -259,6 +337,17 @@ pub(super) fn leftover(dir: &Path, end: Lsn) -> Result<Leftover> {
         first_lsn: end,
     };
     let scan = format::scan_records(&mut &data[..], &header, &path, |_, _| Ok(()))?;
+    if let Some((marked_boot, marked)) = decode_mark(&hb) {
+        // The same boot: the page cache still holds every byte the crashed process wrote,
+        // so a record below the mark that does not decode is damage, not a torn tail.
+        if Some(marked_boot) == boot && scan.end_lsn < marked && marked - end <= h.capacity {
+            return Err(Error::corruption_at(
+                &path,
+                h.data_offset + scan.end_lsn % h.capacity,
+                "staging ring record damaged below the published mark",
+            ));
+        }
+    }
     data.truncate((scan.end_offset - HEADER_SIZE) as usize);
     Ok(Leftover { records: data })
 }
@@ -320,6 +409,54 @@ mod tests {
         next.remove();
         assert!(!dir.path().join(FILE).exists());
         assert!(leftover(dir.path(), end).expect("read").records.is_empty());
+    }
+
+    #[test]
+    fn damage_below_the_published_mark_is_reported_on_the_same_boot_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = ring(dir.path(), 1 << 16, 500);
+        let lsns: Vec<Lsn> = (0..20u32)
+            .map(|i| put(&r, b"key", &[i as u8; 40]))
+            .collect();
+        r.mark(r.region.done());
+        // Two records published after the mark: past it, damage reads as a torn tail.
+        put(&r, b"late", b"1");
+        put(&r, b"late", b"2");
+        let this = boot().expect("a boot id on Linux");
+        drop(r);
+        let path = dir.path().join(FILE);
+        let data_offset = (sys::page_size() as u64).max(HEADER_LEN as u64);
+        let pristine = fs::read(&path).expect("ring file");
+        let flip = |lsn: Lsn| {
+            let mut bytes = pristine.clone();
+            bytes[(data_offset + lsn % (1 << 16)) as usize + 9] ^= 0x20;
+            fs::write(&path, &bytes).expect("write");
+        };
+        let whole = leftover_on(dir.path(), 500, Some(this)).expect("undamaged");
+        flip(lsns[10]);
+        match leftover_on(dir.path(), 500, Some(this)) {
+            Err(Error::Corruption { offset, .. }) => {
+                assert_eq!(offset, Some(data_offset + lsns[10] % (1 << 16)));
+            }
+            other => panic!("damage below the mark: {other:?}"),
+        }
+        // After a restart of the machine, it is cut like a tail.
+        let cut = leftover_on(dir.path(), 500, Some(this ^ 1)).expect("another boot");
+        assert_eq!(cut.records.len() as u64, lsns[10] - 500);
+        assert_eq!(cut.records[..], whole.records[..cut.records.len()]);
+        // Past the mark, too: the last record may not have been published.
+        // The last record, `late`/`2`, takes 12 bytes.
+        let last = whole.records.len() - 12;
+        flip(500 + last as u64);
+        let cut = leftover_on(dir.path(), 500, Some(this)).expect("past the mark");
+        assert_eq!(cut.records[..], whole.records[..last]);
+        // The next run's zeroing clears the mark with the records.
+        fs::write(&path, &pristine).expect("restore");
+        let next = ring(dir.path(), 1 << 16, 2000);
+        drop(next);
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&fs::read(&path).expect("ring file")[..HEADER_LEN]);
+        assert_eq!(decode_mark(&hb), None);
     }
 
     #[test]

@@ -199,6 +199,9 @@ impl Shared {
                 break;
             }
             let appended = self.acknowledged_end();
+            if let Some(ring) = self.ring.get() {
+                ring.mark(appended);
+            }
             self.seen_next.fetch_max(appended, Ordering::Relaxed);
             if self.synced.load(Ordering::Acquire) < appended {
                 // A failure is sticky (sync) or reported to the next committer (write).
