@@ -45,7 +45,7 @@ mod clean;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod crash;
 mod evict;
-#[cfg(test)]
+#[cfg(all(test, not(shuttle)))]
 mod fault_tests;
 mod index;
 mod inner;
