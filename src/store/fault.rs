@@ -274,7 +274,7 @@ impl FaultStore {
     }
 
     /// Flushes so far (counted like `fail_nth_sync` counts them).
-    #[cfg(test)]
+    #[cfg(all(test, not(shuttle)))]
     pub(crate) fn disk_syncs(&self) -> u64 {
         self.disk.state.lock().syncs
     }
