@@ -171,6 +171,15 @@ impl Writer {
             None => self.dirty_to.max(self.offset),
         };
         let later: Vec<Segment> = self.segments[keep..].iter().rev().cloned().collect();
+        // A segment whose creation failed half way is in no list: it would start past the
+        // cut, after a gap.
+        if self.end != holder.first_lsn && !later.iter().any(|seg| seg.first_lsn == self.end) {
+            let stray = Segment {
+                first_lsn: self.end,
+                path: s.dir.join(segment::segment_name(self.end)),
+            };
+            segment::remove_segment(&*s.fs, &s.dir, &stray)?;
+        }
         for seg in &later {
             segment::remove_segment(&*s.fs, &s.dir, seg)?;
             self.segments.pop();
