@@ -101,6 +101,57 @@ impl CrashOp {
     }
 }
 
+/// The shape of a generated workload (`workload`).
+#[cfg(test)]
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    /// Seed of the generator.
+    pub(super) seed: u64,
+    /// Writes in all.
+    pub(super) ops: u32,
+    /// Distinct keys.
+    pub(super) keys: u32,
+    /// Writes between explicit checkpoints.
+    pub(super) checkpoint_every: u32,
+    /// Writes before the first remove.
+    pub(super) inserts_first: u32,
+}
+
+/// A deterministic workload (a cheap xorshift generator): mostly inserts of 20..140-byte
+/// values, after `inserts_first` writes a quarter removes, an eighth of the writes preceded
+/// by a lookup of their key, a checkpoint before every `checkpoint_every`-th write.
+#[cfg(test)]
+pub(super) fn workload(shape: Shape) -> Vec<CrashOp> {
+    let mut x = shape.seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut ops = Vec::new();
+    for seq in 0..shape.ops {
+        if seq > 0 && seq % shape.checkpoint_every == 0 {
+            ops.push(CrashOp::Checkpoint);
+        }
+        let r = next();
+        let key = format!("key-{:05}", r % u64::from(shape.keys)).into_bytes();
+        if (r >> 50) % 8 == 0 {
+            // A lookup of a key that may be present or removed, checked against the model.
+            ops.push(CrashOp::Get(key.clone()));
+        }
+        ops.push(if seq > shape.inserts_first && (r >> 40) % 4 == 0 {
+            CrashOp::Remove(key)
+        } else {
+            let len = 20 + (r >> 20) as usize % 120;
+            let mut v = format!("v{seq}-").into_bytes();
+            v.resize(len, b'x');
+            CrashOp::Insert(key, v)
+        });
+    }
+    ops
+}
+
 /// The model after `ops`.
 fn model(ops: &[CrashOp]) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut m = BTreeMap::new();

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use super::crash::{disks, open_with, CrashOp};
+use super::crash::{disks, open_with, CrashOp, Shape};
 use super::Tree;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -27,36 +27,15 @@ const OPS: u32 = 700;
 /// Distinct keys.
 const KEYS: u32 = 300;
 
-/// A deterministic workload: mostly inserts of 20..140-byte values, a quarter removes, an
-/// eighth preceded by a lookup, a checkpoint every 150 operations.
+/// The workload (`crash::workload`): a checkpoint every 150 writes.
 fn workload() -> Vec<CrashOp> {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut ops = Vec::new();
-    for seq in 0..OPS {
-        if seq > 0 && seq % 150 == 0 {
-            ops.push(CrashOp::Checkpoint);
-        }
-        let r = next();
-        let key = format!("key-{:04}", r % u64::from(KEYS)).into_bytes();
-        if (r >> 50) % 8 == 0 {
-            ops.push(CrashOp::Get(key.clone()));
-        }
-        ops.push(if seq > 100 && (r >> 40) % 4 == 0 {
-            CrashOp::Remove(key)
-        } else {
-            let len = 20 + (r >> 20) as usize % 120;
-            let mut v = format!("v{seq}-").into_bytes();
-            v.resize(len, b'x');
-            CrashOp::Insert(key, v)
-        });
-    }
-    ops
+    super::crash::workload(Shape {
+        seed: 0x2545_f491_4f6c_dd1d,
+        ops: OPS,
+        keys: KEYS,
+        checkpoint_every: 150,
+        inserts_first: 100,
+    })
 }
 
 fn config(durability: Durability) -> Config {

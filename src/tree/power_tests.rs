@@ -9,7 +9,7 @@
 //! check. The scenario itself (run, reopen, compare) is `crash.rs`, shared with the fuzz
 //! target `crash_recovery`.
 
-use super::crash::{scenario, CrashCut, CrashOp};
+use super::crash::{self, scenario, CrashCut, CrashOp, Shape};
 
 /// Operations per run.
 const OPS: u32 = 2400;
@@ -20,38 +20,15 @@ const CHECKPOINT_EVERY: u32 = 400;
 /// Point lookups after a reopen check every this many keys (the scan checks them all).
 const GET_STRIDE: usize = 17;
 
-/// The fixed workload: a cheap deterministic generator, mostly inserts, a quarter removes,
-/// an eighth preceded by a lookup of their key, a checkpoint before every
-/// `CHECKPOINT_EVERY`-th of them.
+/// The fixed workload (`crash::workload`).
 fn workload() -> Vec<CrashOp> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut ops = Vec::new();
-    for seq in 0..OPS {
-        if seq > 0 && seq % CHECKPOINT_EVERY == 0 {
-            ops.push(CrashOp::Checkpoint);
-        }
-        let r = next();
-        let key = format!("key-{:05}", r % u64::from(KEYS)).into_bytes();
-        if (r >> 50) % 8 == 0 {
-            // A lookup of a key that may be present or removed, checked against the model.
-            ops.push(CrashOp::Get(key.clone()));
-        }
-        ops.push(if seq > 300 && (r >> 40) % 4 == 0 {
-            CrashOp::Remove(key)
-        } else {
-            let len = 20 + (r >> 20) as usize % 120;
-            let mut v = format!("v{seq}-").into_bytes();
-            v.resize(len, b'x');
-            CrashOp::Insert(key, v)
-        });
-    }
-    ops
+    crash::workload(Shape {
+        seed: 0x9e37_79b9_7f4a_7c15,
+        ops: OPS,
+        keys: KEYS,
+        checkpoint_every: CHECKPOINT_EVERY,
+        inserts_first: 300,
+    })
 }
 
 /// Every N up to `total`, or every `total / limit`-th if `BFKV_POWER_SAMPLE` asks for fewer.

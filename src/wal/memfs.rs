@@ -140,6 +140,7 @@ impl MemFs {
 
     /// Makes the `n`-th mutating call from now (1 = the next) fail with `EIO` and do
     /// nothing, as a full disk or a failed `fdatasync` does; later calls succeed.
+    #[cfg(test)]
     pub(crate) fn fail_at(&self, n: u64) {
         let mut st = self.inner.state.lock();
         st.fail_at = Some(st.ops + n.max(1));
