@@ -81,6 +81,19 @@ fn value(i: u32) -> Vec<u8> {
     v
 }
 
+/// The tree on `disk`: a 1 MiB staging ring, no checkpoint by log size, no background
+/// writes, so what reaches the disk is what the test does.
+fn config(disk: &SmallDisk, durability: Durability, cache: usize, segment: u64) -> Config {
+    Config::new(disk.db())
+        .durability(durability)
+        .cache_size(cache)
+        .log_segment_size(segment)
+        .log_staging_size(1 << 20)
+        .checkpoint_log_bytes(1 << 30)
+        .evictor_threads(0)
+        .idle_write_back(None)
+}
+
 /// Inserts keys from `from` on until an insert fails; returns the failing key's number.
 fn insert_until_full(tree: &Tree, from: u32) -> u32 {
     for i in from..from + 4_000_000 {
@@ -92,15 +105,15 @@ fn insert_until_full(tree: &Tree, from: u32) -> u32 {
     panic!("4M inserts fit on a full disk");
 }
 
-/// Reopens `dir` and checks that keys `0..acked` hold their values and key `failed` is
-/// absent; then that the tree takes a write and a checkpoint.
-fn check_reopened(config: Config, acked: u32, failed: u32) {
+/// Reopens the tree and checks that keys below `failed` hold their values and key
+/// `failed` is absent; then that the tree takes a write and a checkpoint.
+fn check_reopened(config: Config, failed: u32) {
     let tree = Tree::open(config).expect("reopen after room was freed");
-    for i in 0..acked {
+    for i in 0..failed {
         assert_eq!(
             tree.get(key(i)).expect("get").as_deref(),
             Some(&value(i)[..]),
-            "acknowledged key {i} of {acked}"
+            "acknowledged key {i} of {failed}"
         );
     }
     assert_eq!(
@@ -108,7 +121,7 @@ fn check_reopened(config: Config, acked: u32, failed: u32) {
         None,
         "the failed write {failed} is there after reopen"
     );
-    assert_eq!(tree.iter().count() as u32, acked, "keys after reopen");
+    assert_eq!(tree.iter().count() as u32, failed, "keys after reopen");
     tree.insert(b"after", b"reopen")
         .expect("insert after reopen");
     tree.checkpoint().expect("checkpoint after reopen");
@@ -120,15 +133,8 @@ fn log_full(durability: Durability) {
     let Some(disk) = SmallDisk::mount(16 << 20) else {
         return;
     };
-    let config = Config::new(disk.db())
-        .durability(durability)
-        .cache_size(64 << 20)
-        .log_segment_size(1 << 20)
-        .log_staging_size(1 << 20)
-        .checkpoint_log_bytes(1 << 30)
-        .flush_interval(Duration::from_millis(1))
-        .evictor_threads(0)
-        .idle_write_back(None);
+    let config =
+        config(&disk, durability, 64 << 20, 1 << 20).flush_interval(Duration::from_millis(1));
     let tree = Tree::open(config.clone()).expect("open");
     let filler = disk.fill();
     let failed = insert_until_full(&tree, 0);
@@ -152,7 +158,7 @@ fn log_full(durability: Durability) {
     assert!(tree.checkpoint().is_err(), "{durability:?}: a checkpoint");
     assert!(tree.close().is_err(), "{durability:?}: close");
     fs::remove_file(filler).expect("free room");
-    check_reopened(config, failed, failed);
+    check_reopened(config, failed);
 }
 
 #[test]
@@ -171,14 +177,7 @@ fn data_full(durability: Durability) {
     let Some(disk) = SmallDisk::mount(48 << 20) else {
         return;
     };
-    let config = Config::new(disk.db())
-        .durability(durability)
-        .cache_size(256 << 10)
-        .log_segment_size(16 << 20)
-        .log_staging_size(1 << 20)
-        .checkpoint_log_bytes(1 << 30)
-        .evictor_threads(0)
-        .idle_write_back(None);
+    let config = config(&disk, durability, 256 << 10, 16 << 20);
     let tree = Tree::open(config.clone()).expect("open");
     let filler = disk.fill();
     let failed = insert_until_full(&tree, 0);
@@ -197,7 +196,7 @@ fn data_full(durability: Durability) {
     // With room again, writes and a checkpoint go through.
     tree.checkpoint().expect("checkpoint once room is freed");
     tree.close().expect("close");
-    check_reopened(config, failed, failed);
+    check_reopened(config, failed);
 }
 
 #[test]
