@@ -309,15 +309,11 @@ impl Shared {
         })
     }
 
-    /// Reads leaf page `disk` into `buf` and checks it; reads once more if it fails its
-    /// checksum, so that a damaged read is not taken for a damaged page.
+    /// Reads leaf page `disk` into `buf`; reads once more if it fails its checksum, so
+    /// that a damaged read is not taken for a damaged page. (`merge` checks its layout.)
     fn read_leaf_page(&self, disk: u64, buf: &mut PageBuf) -> Result<()> {
-        let read = |buf: &mut PageBuf| {
-            self.storage().read_page(disk, buf)?;
-            self.storage().check_leaf(disk, buf).map(|_| ())
-        };
-        match read(buf) {
-            Err(Error::Corruption { .. }) => read(buf),
+        match self.storage().read_page(disk, buf) {
+            Err(Error::Corruption { .. }) => self.storage().read_page(disk, buf),
             other => other,
         }
     }
