@@ -475,6 +475,10 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
             "{what}: only {checkpoints} checkpoints ran"
         );
         if cut.is_none() {
+            // The writers empty whole ranges late in the run; on a loaded machine the racing
+            // checkpoints may all have ended before a write-back met an emptied leaf. One
+            // more checkpoint writes back what is left, so the removals happen in every run.
+            tree.checkpoint().expect("checkpoint after the writers");
             let stats = tree.stats();
             assert!(stats.splits > 0 && stats.leaves_removed > 0, "{stats:?}");
             calls = fs.ops();
