@@ -45,6 +45,9 @@ pub(crate) struct FileDisk {
     backed: AtomicU64,
     /// Held while extending the file.
     grow: Mutex<()>,
+    /// Set once `io_uring` requests on the file were abandoned (`uring::Failure::Abandoned`):
+    /// they may still land, so no later read, write or flush of this handle is trusted.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl FileStore {
@@ -74,6 +77,7 @@ impl FileStore {
             direct,
             backed: AtomicU64::new(len),
             grow: Mutex::new(()),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         };
         if len > 0 {
             return PagedStore::mount(disk, page_size);
@@ -205,7 +209,8 @@ impl FileDisk {
 
     /// Runs a batch of `(page, buffer start, buffer length)` requests through this
     /// thread's `io_uring` ring, calling `check(i, bytes)` on each completed request (see
-    /// `uring::run`).
+    /// `uring::run`). Requests the ring had to abandon come back with their error: the
+    /// caller must leak their buffers; this handle refuses all I/O from then on.
     ///
     /// # Safety
     /// Each pointer must be valid for its length (and writable for reads) and not otherwise
@@ -216,9 +221,10 @@ impl FileDisk {
         dir: super::uring::Dir,
         reqs: impl Iterator<Item = (PageNo, *mut u8, usize)>,
         check: impl FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), (Error, Vec<usize>)> {
         use super::uring::{self, Failure, Request};
         use std::os::fd::AsRawFd;
+        self.usable().map_err(|e| (e, Vec::new()))?;
         let reqs = reqs.map(|(page, ptr, len)| {
             Ok(Request {
                 ptr,
@@ -228,9 +234,26 @@ impl FileDisk {
         });
         // SAFETY: the caller vouches for the buffers; `self.file` stays open for the call.
         unsafe { uring::run(self.file.as_raw_fd(), dir, reqs, check) }.map_err(|f| match f {
-            Failure::Io(e) => Error::io(&self.path, e),
-            Failure::Caller(e) => e,
+            Failure::Io(e) => (Error::io(&self.path, e), Vec::new()),
+            Failure::Caller(e) => (e, Vec::new()),
+            Failure::Abandoned(e, held) => {
+                self.abandoned.store(true, Ordering::Release);
+                (Error::io(&self.path, e), held)
+            }
         })
+    }
+
+    /// `Err` once requests were abandoned (see `abandoned`).
+    fn usable(&self) -> Result<()> {
+        if self.abandoned.load(Ordering::Acquire) {
+            return Err(Error::io(
+                &self.path,
+                io::Error::other(
+                    "io_uring requests on this file could not be waited for; reopen the tree",
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -267,7 +290,16 @@ impl Disk for FileDisk {
                     .map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
                 // SAFETY: `bufs` is mutably borrowed for the whole call; `check` only sees a
                 // buffer once its request completed, through the slice `uring::run` passes.
-                unsafe { self.uring(super::uring::Dir::Read, reqs, check) }
+                let result = unsafe { self.uring(super::uring::Dir::Read, reqs, check) };
+                result.map_err(|(e, held)| {
+                    // The kernel may still write these: give the caller fresh buffers and
+                    // never free the old ones.
+                    for i in held {
+                        let fresh = PageBuf::new(bufs[i].len());
+                        std::mem::forget(std::mem::replace(&mut bufs[i], fresh));
+                    }
+                    e
+                })
             }
             #[cfg(not(target_os = "linux"))]
             Backend::IoUring => Err(Error::InvalidConfig {
@@ -298,8 +330,14 @@ impl Disk for FileDisk {
                     .zip(bufs)
                     .map(|(&p, b)| (p, b.as_ptr().cast_mut(), b.len()));
                 // SAFETY: `bufs` is borrowed for the whole call, and a write request only
-                // reads through its pointer, so the shared borrow suffices.
-                unsafe { self.uring(super::uring::Dir::Write, reqs, |_, _| Ok(())) }
+                // reads through its pointer, so the shared borrow suffices. An abandoned
+                // write only reads its buffer, so the process's memory is safe whatever
+                // the caller does with it next; what may yet land in the file is a page
+                // that no checkpoint references (leaves are written to fresh pages) and
+                // whose checksum covers its page number, and this handle is refused from
+                // now on (the flush that would make it durable fails).
+                let result = unsafe { self.uring(super::uring::Dir::Write, reqs, |_, _| Ok(())) };
+                result.map_err(|(e, _)| e)
             }
             #[cfg(not(target_os = "linux"))]
             Backend::IoUring => Err(Error::InvalidConfig {
@@ -309,6 +347,7 @@ impl Disk for FileDisk {
     }
 
     fn flush(&self) -> Result<()> {
+        self.usable()?;
         self.file.sync_data().map_err(|e| Error::io(&self.path, e))
     }
 }

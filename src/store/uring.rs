@@ -28,8 +28,8 @@ const RING_ENTRIES: u32 = 256;
 const SCRATCH_KEPT: usize = 4096;
 
 /// How many times in a row waiting for in-flight requests may fail (1 ms apart) before the
-/// process is stopped rather than release buffers the kernel may still write.
-const MAX_WAIT_FAILURES: u32 = 10_000;
+/// batch gives up on them: their buffers are then the kernel's for good (`Failure::Abandoned`).
+const MAX_WAIT_FAILURES: u32 = 100;
 
 /// One request: `len` bytes between `ptr` and file offset `offset`.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +49,8 @@ struct Op {
     req: Request,
     /// Bytes transferred so far (a short transfer is resubmitted for the rest).
     done: usize,
+    /// Whether the kernel holds the request (submitted, its completion not yet seen).
+    inflight: bool,
 }
 
 /// A thread's ring, the next `user_data` it hands out, and the scratch space of a batch.
@@ -111,6 +113,11 @@ pub(super) enum Failure<E> {
     Io(io::Error),
     /// The error the caller's check or request list returned.
     Caller(E),
+    /// Waiting for completions kept failing while the kernel still held the requests at
+    /// these indices: it may still read or write their buffers at any later time, so the
+    /// caller must never free or reuse them (leak them), and must treat whatever those
+    /// requests may yet do to the file as unknown.
+    Abandoned(io::Error, Vec<usize>),
 }
 
 /// Creates this thread's ring if needed, so a store can refuse to open where `io_uring` is
@@ -154,7 +161,8 @@ fn transient(errno: i32) -> bool {
 /// # Safety
 /// Every request's `ptr` must be valid for `len` bytes of reads and (for `Dir::Read`)
 /// writes, and not otherwise accessed, until this returns (except through the slice passed
-/// to `check`); `fd` must stay open until then.
+/// to `check`); `fd` must stay open until then. After `Failure::Abandoned`, the buffers of
+/// the requests it lists must stay valid and untouched forever.
 pub(super) unsafe fn run<E>(
     fd: RawFd,
     dir: Dir,
@@ -168,6 +176,7 @@ pub(super) unsafe fn run<E>(
             r.ops.push(Op {
                 req: req.map_err(Failure::Caller)?,
                 done: 0,
+                inflight: false,
             });
         }
         // SAFETY: forwarded from this function's contract.
@@ -227,6 +236,7 @@ unsafe fn drive<E>(
                 r.retry.push(i);
                 break;
             }
+            r.ops[i].inflight = true;
             inflight += 1;
         }
         drop(sq);
@@ -243,26 +253,28 @@ unsafe fn drive<E>(
         } else {
             1
         };
-        match r.uring.submit_and_wait(want) {
+        match submit_and_wait(r, want) {
             Ok(_) => hard_failures = 0,
             Err(e) if e.raw_os_error().is_some_and(transient) => {}
             // io_uring_enter fails only when it took nothing from the queue and waited for
             // nothing. Entries still queued will never reach the kernel (the ring is
             // discarded), so only the others are in flight, and their buffers cannot be
-            // released before they complete: keep waiting for them.
+            // released before they complete: keep waiting for them, for a while.
             Err(e) => {
                 r.broken = true;
-                first_err.get_or_insert(Failure::Io(e));
                 if inflight == r.uring.submission().len() {
+                    first_err.get_or_insert(Failure::Io(e));
                     break;
                 }
                 hard_failures += 1;
                 if hard_failures > MAX_WAIT_FAILURES {
-                    // Returning would hand buffers the kernel may still write to back to
-                    // the caller; stopping the process is the only sound way out.
-                    eprintln!("bfkv: cannot wait for in-flight io_uring requests; aborting");
-                    std::process::abort();
+                    // The ring is dropped (closing it asks the kernel to cancel what it
+                    // still holds), but a request already at the device may still land:
+                    // its buffer is handed over for good.
+                    let held = r.ops.iter().enumerate().filter(|(_, op)| op.inflight);
+                    return Err(Failure::Abandoned(e, held.map(|(i, _)| i).collect()));
                 }
+                first_err.get_or_insert(Failure::Io(e));
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
@@ -272,6 +284,7 @@ unsafe fn drive<E>(
                 debug_assert!(false, "completion for a request of another batch");
                 continue;
             };
+            op.inflight = false;
             inflight -= 1;
             let res = cqe.result();
             if res < 0 {
@@ -312,4 +325,27 @@ unsafe fn drive<E>(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// `io_uring_enter`: submits what is queued and waits for `want` completions.
+#[cfg(not(test))]
+fn submit_and_wait(r: &mut Ring, want: usize) -> io::Result<usize> {
+    r.uring.submit_and_wait(want)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: while set, every wait on this thread fails with `EFAULT` once the queue has
+    /// been handed to the kernel (what a ring that can no longer be waited on looks like).
+    pub(super) static FAIL_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `io_uring_enter`, or its injected failure (see [`FAIL_WAITS`]).
+#[cfg(test)]
+fn submit_and_wait(r: &mut Ring, want: usize) -> io::Result<usize> {
+    if FAIL_WAITS.get() {
+        r.uring.submit()?;
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    r.uring.submit_and_wait(want)
 }
