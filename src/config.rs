@@ -432,22 +432,32 @@ impl Config {
     }
 }
 
+/// Bytes in front of every stored key: its keyspace's prefix, at most this long
+/// (`tree/keyspace.rs`).
+pub(crate) const MAX_KEY_PREFIX: usize = 5;
+
 /// Size limits of keys and values, derived from the page size so that any two records and
 /// the page's fence keys always fit in one leaf page (a split always makes progress).
 ///
-/// With the default 4 KiB pages: keys up to 1024 bytes, key + value up to 2048 bytes.
+/// With the default 4 KiB pages: keys up to 1024 bytes, key + value up to 2048 bytes. The
+/// limits are the same in every keyspace.
 ///
 /// ```
 /// let limits = bfkv::Limits::for_page_size(4096);
 /// assert_eq!(limits.max_key_len, 1024);
 /// assert_eq!(limits.max_record_len, 2048);
+/// assert_eq!(limits.max_value_len, 2048);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest key, in bytes: a quarter page, at most 8191 (the 13-bit length field).
+    /// Longest key, in bytes: a quarter page, at most 8186 (the 13-bit length field, less
+    /// the keyspace prefix stored in front of every key).
     pub max_key_len: usize,
     /// Longest key + value, in bytes: half a page, at most 32767 (the 15-bit length field).
     pub max_record_len: usize,
+    /// Longest value, in bytes (with an empty key; a longer key leaves less, see
+    /// [`Limits::check`]).
+    pub max_value_len: usize,
 }
 
 impl Limits {
@@ -455,12 +465,14 @@ impl Limits {
     ///
     /// ```
     /// let limits = bfkv::Limits::for_page_size(64 << 10);
-    /// assert_eq!((limits.max_key_len, limits.max_record_len), (8191, 32767));
+    /// assert_eq!((limits.max_key_len, limits.max_record_len), (8186, 32767));
     /// ```
     pub fn for_page_size(page_size: usize) -> Limits {
+        let max_record_len = (page_size / 2).min(32767);
         Limits {
-            max_key_len: (page_size / 4).min(8191),
-            max_record_len: (page_size / 2).min(32767),
+            max_key_len: (page_size / 4).min(8191 - MAX_KEY_PREFIX),
+            max_record_len,
+            max_value_len: max_record_len,
         }
     }
 
@@ -493,6 +505,17 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// Checks a stored key (keyspace prefix included) and its value: what a valid write can
+    /// have put in the log.
+    pub(crate) fn check_stored(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        Limits {
+            max_key_len: self.max_key_len + MAX_KEY_PREFIX,
+            max_record_len: self.max_record_len + MAX_KEY_PREFIX,
+            max_value_len: self.max_value_len,
+        }
+        .check(key, value)
     }
 }
 
@@ -558,7 +581,7 @@ mod tests {
         assert_eq!(Limits::for_page_size(4096).max_key_len, 1024);
         assert_eq!(Limits::for_page_size(4096).max_record_len, 2048);
         let big = Limits::for_page_size(64 << 10);
-        assert_eq!(big.max_key_len, 8191);
+        assert_eq!(big.max_key_len, 8191 - MAX_KEY_PREFIX);
         assert_eq!(big.max_record_len, 32767);
     }
 

@@ -79,6 +79,15 @@ pub enum Error {
         /// The most leaves a tree can have.
         limit: u64,
     },
+    /// The tree this handle (a [`Keyspace`](crate::Keyspace) or an iterator over one) belongs
+    /// to was closed; nothing was done.
+    Closed,
+    /// The keyspace this handle names was dropped; nothing was done. A keyspace created
+    /// again under the same name is a new one: ask the tree for a new handle.
+    KeyspaceDropped {
+        /// The dropped keyspace's name.
+        name: String,
+    },
 }
 
 impl Error {
@@ -186,6 +195,10 @@ impl fmt::Display for Error {
                 f,
                 "the tree has {limit} leaves, as many as it can name; nothing was written"
             ),
+            Error::Closed => write!(f, "the tree was closed"),
+            Error::KeyspaceDropped { name } => {
+                write!(f, "keyspace {name:?} was dropped")
+            }
         }
     }
 }

@@ -26,6 +26,8 @@ const OPS: usize = 3000;
 /// A log record takes this many bytes plus its key and value: checksum, op, and the two
 /// lengths, one byte each (every key and value here is shorter than 128 bytes).
 const RECORD_OVERHEAD: u64 = 7;
+/// The log stores every key with its keyspace's prefix: one byte for the default keyspace.
+const KEY_PREFIX: u64 = 1;
 const HEADER: u64 = 64;
 
 #[derive(Clone, Debug)]
@@ -43,6 +45,7 @@ impl Op {
 
     fn log_len(&self) -> u64 {
         RECORD_OVERHEAD
+            + KEY_PREFIX
             + match self {
                 Op::Insert(k, v) => (k.len() + v.len()) as u64,
                 Op::Remove(k) => k.len() as u64,

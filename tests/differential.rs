@@ -1,6 +1,8 @@
 //! The tree against `std::collections::BTreeMap`: seeded random sequences of inserts,
-//! removes, gets, ranges (both directions, every bound kind) and close+reopen, with caches so
-//! small that eviction, merges, splits and copy-on-access run constantly.
+//! removes, gets, compare-and-swaps, ranges (both directions, every bound kind), keyspace
+//! drops and close+reopen, spread over the default keyspace and two named ones (one model
+//! map each), with caches so small that eviction, merges, splits and copy-on-access run
+//! constantly.
 //!
 //! A failure prints the seed; rerun one with `BFKV_SEED=<seed> cargo test --release --test
 //! differential`. `BFKV_DIFF_OPS` sets the operations per seed.
@@ -8,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use bfkv::{Config, Tree};
+use bfkv::{Config, Error, Keyspace, Range, Result, Tree};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -61,6 +63,62 @@ fn btree_accepts(lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
 
 type Kv = (Vec<u8>, Vec<u8>);
 
+/// The named keyspaces every run uses besides the default one.
+const NAMED: [&str; 2] = ["alpha", "beta"];
+
+/// Where an operation goes: the tree's own methods (the default keyspace) or a handle.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Tree(&'a Tree),
+    Space(&'a Keyspace),
+}
+
+impl<'a> Target<'a> {
+    fn insert(self, k: &[u8], v: &[u8]) -> Result<()> {
+        match self {
+            Target::Tree(t) => t.insert(k, v),
+            Target::Space(s) => s.insert(k, v),
+        }
+    }
+    fn remove(self, k: &[u8]) -> Result<()> {
+        match self {
+            Target::Tree(t) => t.remove(k),
+            Target::Space(s) => s.remove(k),
+        }
+    }
+    fn get(self, k: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self {
+            Target::Tree(t) => t.get(k),
+            Target::Space(s) => s.get(k),
+        }
+    }
+    fn cas(self, k: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<bool> {
+        match self {
+            Target::Tree(t) => t.compare_and_swap(k, expected, new),
+            Target::Space(s) => s.compare_and_swap(k, expected, new),
+        }
+    }
+    fn range(self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Range<'a> {
+        match self {
+            Target::Tree(t) => t.range((lo, hi)),
+            Target::Space(s) => s.range((lo, hi)),
+        }
+    }
+    fn all(self) -> Vec<Kv> {
+        self.range(Bound::Unbounded, Bound::Unbounded)
+            .map(|r| r.expect("iter"))
+            .collect()
+    }
+}
+
+/// Handles on the named keyspaces.
+fn handles(tree: &Tree) -> Vec<Keyspace> {
+    NAMED
+        .iter()
+        .map(|n| tree.keyspace(n).expect("keyspace"))
+        .collect()
+}
+
 /// Equality with a readable report: lengths and the first differing record.
 fn assert_same(got: &[Kv], expected: &[Kv], what: &str) {
     if got == expected {
@@ -84,7 +142,7 @@ fn assert_same(got: &[Kv], expected: &[Kv], what: &str) {
 }
 
 fn check_range(
-    tree: &Tree,
+    tree: Target<'_>,
     model: &BTreeMap<Vec<u8>, Vec<u8>>,
     rng: &mut StdRng,
     seed: u64,
@@ -105,19 +163,19 @@ fn check_range(
     let mode = rng.gen_range(0..3);
     let got: Vec<Kv> = match mode {
         0 => tree
-            .range((lo.clone(), hi.clone()))
+            .range(lo.clone(), hi.clone())
             .take(limit)
             .map(|r| r.expect("range item"))
             .collect(),
         1 => tree
-            .range((lo.clone(), hi.clone()))
+            .range(lo.clone(), hi.clone())
             .rev()
             .take(limit)
             .map(|r| r.expect("range item"))
             .collect(),
         _ => {
             // Alternate ends until they meet: every record exactly once.
-            let mut it = tree.range((lo.clone(), hi.clone()));
+            let mut it = tree.range(lo.clone(), hi.clone());
             let (mut front, mut back) = (Vec::new(), Vec::new());
             loop {
                 let next = if rng.gen() {
@@ -171,23 +229,62 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
         }
     };
     let mut tree = Tree::open(config()).expect("open");
-    let mut model = BTreeMap::new();
+    let mut spaces = handles(&tree);
+    let mut models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = vec![BTreeMap::new(); 1 + NAMED.len()];
     let space = 1 << rng.gen_range(6..14);
     for op in 0..ops {
+        // Half the operations go to the default keyspace, the rest to the named ones.
+        let s = if rng.gen() {
+            0
+        } else {
+            rng.gen_range(1..=NAMED.len())
+        };
+        let target = if s == 0 {
+            Target::Tree(&tree)
+        } else {
+            Target::Space(&spaces[s - 1])
+        };
+        let model = &mut models[s];
         let roll = rng.gen_range(0..1000);
-        if roll < 550 {
+        if roll < 520 {
             let (k, v) = (key(&mut rng, space), value(&mut rng));
-            tree.insert(&k, &v)
+            target
+                .insert(&k, &v)
                 .unwrap_or_else(|e| panic!("seed {seed} op {op}: insert: {e}"));
             model.insert(k, v);
-        } else if roll < 750 {
+        } else if roll < 700 {
             let k = key(&mut rng, space);
-            tree.remove(&k)
+            target
+                .remove(&k)
                 .unwrap_or_else(|e| panic!("seed {seed} op {op}: remove: {e}"));
             model.remove(&k);
+        } else if roll < 740 {
+            let k = key(&mut rng, space);
+            let current = model.get(&k).cloned();
+            // Mostly the right expectation, else a wrong value or "absent".
+            let expected = match rng.gen_range(0..10) {
+                0..=6 => current.clone(),
+                7 | 8 => Some(value(&mut rng)),
+                _ => None,
+            };
+            let new = rng.gen_ratio(4, 5).then(|| value(&mut rng));
+            let swapped = target
+                .cas(&k, expected.as_deref(), new.as_deref())
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: compare_and_swap: {e}"));
+            assert_eq!(
+                swapped,
+                expected == current,
+                "seed {seed} op {op}: cas {k:?}"
+            );
+            if swapped {
+                match new {
+                    Some(v) => model.insert(k, v),
+                    None => model.remove(&k),
+                };
+            }
         } else if roll < 960 {
             let k = key(&mut rng, space);
-            let got = tree
+            let got = target
                 .get(&k)
                 .unwrap_or_else(|e| panic!("seed {seed} op {op}: get: {e}"));
             assert_eq!(
@@ -195,27 +292,61 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
                 model.get(&k),
                 "seed {seed} op {op}: get {k:?}"
             );
-        } else if roll < 999 || in_memory {
-            check_range(&tree, &model, &mut rng, seed, op);
-        } else {
+        } else if roll < 998 || (in_memory && roll < 999) {
+            check_range(target, model, &mut rng, seed, op);
+        } else if roll < 999 {
             tree.close()
                 .unwrap_or_else(|e| panic!("seed {seed} op {op}: close: {e}"));
+            assert!(matches!(spaces[0].get(b"k"), Err(Error::Closed)));
             tree =
                 Tree::open(config()).unwrap_or_else(|e| panic!("seed {seed} op {op}: reopen: {e}"));
+            assert_eq!(tree.keyspaces().expect("keyspaces"), NAMED);
+            spaces = handles(&tree);
+        } else if s > 0 {
+            // Drop a named keyspace and start it again, empty.
+            tree.drop_keyspace(NAMED[s - 1])
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: drop: {e}"));
+            assert!(matches!(
+                spaces[s - 1].get(b"k"),
+                Err(Error::KeyspaceDropped { .. })
+            ));
+            model.clear();
+            spaces[s - 1] = tree.keyspace(NAMED[s - 1]).expect("keyspace again");
+            assert!(
+                spaces[s - 1].iter().next().is_none(),
+                "seed {seed} op {op}: recreated keyspace not empty"
+            );
         }
     }
     // Everything, both ways, at the end.
-    let all: Vec<Kv> = tree.iter().map(|r| r.expect("iter")).collect();
-    let expected: Vec<Kv> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    assert_same(&all, &expected, &format!("seed {seed}: final iteration"));
-    let mut rev: Vec<Kv> = tree.iter().rev().map(|r| r.expect("iter")).collect();
-    rev.reverse();
-    assert_eq!(rev, expected, "seed {seed}: final reverse iteration");
+    let check_all = |tree: &Tree, spaces: &[Keyspace], what: &str| {
+        for (s, model) in models.iter().enumerate() {
+            let target = if s == 0 {
+                Target::Tree(tree)
+            } else {
+                Target::Space(&spaces[s - 1])
+            };
+            let expected: Vec<Kv> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            assert_same(
+                &target.all(),
+                &expected,
+                &format!("seed {seed}: {what}, keyspace {s}"),
+            );
+            let mut rev: Vec<Kv> = target
+                .range(Bound::Unbounded, Bound::Unbounded)
+                .rev()
+                .map(|r| r.expect("iter"))
+                .collect();
+            rev.reverse();
+            assert_eq!(rev, expected, "seed {seed}: {what} reversed, keyspace {s}");
+        }
+    };
+    check_all(&tree, &spaces, "final iteration");
     if !in_memory {
         tree.close().expect("close");
         let tree = Tree::open(config()).expect("reopen");
-        let all: Vec<Kv> = tree.iter().map(|r| r.expect("iter")).collect();
-        assert_eq!(all, expected, "seed {seed}: after final reopen");
+        let spaces = handles(&tree);
+        check_all(&tree, &spaces, "after final reopen");
     }
 }
 

@@ -27,6 +27,9 @@ fn checksum(page: PageNo, buf: &[u8]) -> u32 {
     checksum::crc32c_append(crc, &buf[STORE_RESERVED..])
 }
 
+/// What [`verify`] says of a page of zeros.
+pub(super) const NEVER_WRITTEN: &str = "page was never written (all zero)";
+
 /// Writes the header of a `kind` page destined for `page` into `buf[..STORE_RESERVED]`.
 pub(super) fn stamp(page: PageNo, kind: Kind, buf: &mut [u8]) {
     debug_assert!(buf.len() > STORE_RESERVED);
@@ -44,7 +47,7 @@ pub(super) fn verify(page: PageNo, kind: Kind, buf: &[u8]) -> Result<(), &'stati
     }
     if buf[4..6] != PAGE_MAGIC.to_le_bytes() {
         return Err(if buf.iter().all(|&b| b == 0) {
-            "page was never written (all zero)"
+            NEVER_WRITTEN
         } else {
             "bad page magic"
         });

@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 
 /// Identifies a bfkv page-store superblock.
 const MAGIC: &[u8; 8] = b"BFKVSTOR";
-/// Version of the superblock and free-list page formats.
-const FORMAT_VERSION: u32 = 1;
+/// Version of the superblock and free-list page formats, and of what the pages hold: 2 since
+/// every key starts with its keyspace's prefix (version 1 stored bare keys).
+const FORMAT_VERSION: u32 = 2;
 /// Where the inline free page numbers start in a superblock.
 const SB_ENTRIES: usize = 72;
 /// Where the free page numbers start in a free-list page.
@@ -104,8 +105,14 @@ fn read_slot<D: Disk>(
     if &sb[8..16] != MAGIC {
         return Ok(Err("bad superblock magic"));
     }
-    if get_u32(sb, 16) != FORMAT_VERSION {
-        return Ok(Err("unknown store format version"));
+    match get_u32(sb, 16) {
+        FORMAT_VERSION => {}
+        1 => {
+            return Ok(Err(
+                "data file of bfkv before keyspaces (store format 1): this version reads format 2",
+            ))
+        }
+        _ => return Ok(Err("unknown store format version")),
     }
     if get_u32(sb, 20) as usize != page_size {
         return Ok(Err("superblock page size differs"));
@@ -183,7 +190,9 @@ pub(super) fn load<D: Disk>(disk: &D, page_size: usize) -> Result<Loaded> {
         (Ok(a), Ok(b)) => (b, Some(a)),
         (Ok(a), Err(_)) => (a, None),
         (Err(_), Ok(b)) => (b, None),
-        (Err(reason), Err(_)) => {
+        (Err(a), Err(b)) => {
+            // A slot never written explains less than the other's reason.
+            let reason = if a == page::NEVER_WRITTEN { b } else { a };
             if other_page_size(disk, page_size)? {
                 return Err(Error::InvalidConfig {
                     reason: "page size differs from the one the data file was created with",

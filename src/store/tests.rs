@@ -435,6 +435,32 @@ fn page_size_is_checked_and_fixed_at_creation() {
     assert_eq!(buf[16383], 7);
 }
 
+/// A data file of the format before keyspaces (bare keys) is refused with a reason that
+/// says so, not read as keys of some keyspace.
+#[test]
+fn a_data_file_of_the_previous_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d");
+    drop(FileStore::open(&path, P, Backend::Pread).unwrap());
+    let mut bytes = std::fs::read(&path).unwrap();
+    for slot in 0..2 {
+        let sb = &mut bytes[slot * P..(slot + 1) * P];
+        if &sb[8..16] == b"BFKVSTOR" {
+            sb[16..20].copy_from_slice(&1u32.to_le_bytes());
+            page::stamp(slot as PageNo, page::Kind::Superblock, sb);
+        } else {
+            sb.fill(0); // never written: the reason comes from the other slot
+        }
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    match FileStore::open(&path, P, Backend::Pread) {
+        Err(Error::Corruption { reason, .. }) => {
+            assert!(reason.contains("before keyspaces"), "{reason}");
+        }
+        other => panic!("expected Corruption, got {other:?}"),
+    }
+}
+
 #[test]
 fn falls_back_to_buffered_io_where_o_direct_is_refused() {
     let shm = std::path::Path::new("/dev/shm");

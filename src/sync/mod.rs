@@ -5,7 +5,7 @@
 //! directly for state shared between threads.
 
 #[cfg(not(shuttle))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 #[cfg(not(shuttle))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(shuttle))]
@@ -13,7 +13,7 @@ pub(crate) use std::sync::Arc;
 pub(crate) use std::thread;
 
 #[cfg(shuttle)]
-pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 #[cfg(shuttle)]
 pub(crate) use shuttle::sync::Arc;
 #[cfg(shuttle)]

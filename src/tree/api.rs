@@ -2,10 +2,11 @@
 //! background threads (`background.rs`).
 
 use super::background::Background;
+use super::keyspace::{Keyspace, Space};
+use super::persist;
 use super::scan::Range;
 use super::shared::Shared;
 use super::stats::Stats;
-use super::{persist, WriteOp};
 use crate::config::{Config, Limits};
 use crate::error::Result;
 
@@ -79,11 +80,8 @@ impl Tree {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
-        let (key, value) = (key.as_ref(), value.as_ref());
-        self.shared.limits().check(key, value)?;
-        self.shared.write(key, WriteOp::Put(value))?;
-        self.after_write();
-        Ok(())
+        self.shared
+            .put_in(self.default_space(), key.as_ref(), value.as_ref())
     }
 
     /// Removes `key`. Removing an absent key is not an error.
@@ -100,11 +98,7 @@ impl Tree {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<()> {
-        let key = key.as_ref();
-        self.shared.limits().check(key, &[])?;
-        self.shared.write(key, WriteOp::Delete)?;
-        self.after_write();
-        Ok(())
+        self.shared.delete_in(self.default_space(), key.as_ref())
     }
 
     /// The value stored under `key`, if any.
@@ -121,12 +115,117 @@ impl Tree {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>> {
-        let key = key.as_ref();
-        self.shared.limits().check(key, &[])?;
-        let value = self.shared.get(key);
-        // A promotion or a move to the tail may have taken room.
-        self.shared.nudge_evictors();
-        value
+        self.shared.get_in(self.default_space(), key.as_ref())
+    }
+
+    /// Atomically replaces the value of `key` with `new` if its current value is
+    /// `expected`, and returns whether it was. `None` as `expected` means "absent" (an
+    /// empty value is present); `None` as `new` removes the key. The comparison and the
+    /// write happen under the key's leaf lock, so concurrent swaps of one key serialize; a
+    /// successful swap is durable like an [`insert`](Tree::insert).
+    ///
+    /// # Errors
+    /// As [`Tree::insert`] (the limits apply to `key` and `new`).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// // Take a lease only if nobody holds it.
+    /// assert!(tree.compare_and_swap(b"lease", None, Some(b"a".as_slice()))?);
+    /// assert!(!tree.compare_and_swap(b"lease", None, Some(b"b".as_slice()))?);
+    /// // Hand it over, then release it.
+    /// assert!(tree.compare_and_swap(b"lease", Some(b"a".as_slice()), Some(b"b".as_slice()))?);
+    /// assert!(tree.compare_and_swap(b"lease", Some(b"b".as_slice()), None)?);
+    /// assert_eq!(tree.get(b"lease")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn compare_and_swap(
+        &self,
+        key: impl AsRef<[u8]>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.shared
+            .cas_in(self.default_space(), key.as_ref(), expected, new)
+    }
+
+    /// A handle on the keyspace named `name`, created (durably, per the tree's
+    /// [`Durability`](crate::Durability)) if it does not exist yet. Names are 1 to 255 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an empty or too long name;
+    /// as [`Tree::insert`] when the creation is written.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// tree.keyspace("users")?.insert(b"1", b"ada")?;
+    /// tree.close()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// assert_eq!(tree.keyspaces()?, ["users"]);
+    /// assert_eq!(tree.keyspace("users")?.get(b"1")?, Some(b"ada".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyspace(&self, name: &str) -> Result<Keyspace> {
+        let space = self.shared.keyspace_named(name)?;
+        Ok(Keyspace::new(self.shared.clone(), space))
+    }
+
+    /// A handle on the default keyspace, the one the tree's own methods act on (so a batch
+    /// can name it).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.default_keyspace().insert(b"k", b"v")?;
+    /// assert_eq!(tree.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn default_keyspace(&self) -> Keyspace {
+        Keyspace::new(self.shared.clone(), self.default_space().clone())
+    }
+
+    /// The names of the tree's keyspaces, in byte order (the default keyspace has none).
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) or [`Error::Corruption`](crate::Error::Corruption)
+    /// reading the catalog.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.keyspace("b")?;
+    /// tree.keyspace("a")?;
+    /// assert_eq!(tree.keyspaces()?, ["a", "b"]);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn keyspaces(&self) -> Result<Vec<String>> {
+        self.shared.keyspace_names()
+    }
+
+    /// Removes the keyspace named `name` and every key in it (nothing if it does not
+    /// exist). Its handles answer [`Error::KeyspaceDropped`](crate::Error::KeyspaceDropped)
+    /// from then on; a keyspace created later under the same name starts empty. The keys
+    /// are removed before this returns (a crash part way is finished by the next `open`);
+    /// their pages are freed as the emptied leaves are written back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an invalid name; as
+    /// [`Tree::remove`] for the removals.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let tmp = tree.keyspace("tmp")?;
+    /// tmp.insert(b"k", b"v")?;
+    /// tree.drop_keyspace("tmp")?;
+    /// assert!(matches!(tmp.get(b"k"), Err(bfkv::Error::KeyspaceDropped { .. })));
+    /// assert_eq!(tree.keyspace("tmp")?.get(b"k")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn drop_keyspace(&self, name: &str) -> Result<()> {
+        self.shared.drop_keyspace(name)
+    }
+
+    /// The default keyspace's state.
+    fn default_space(&self) -> &std::sync::Arc<Space> {
+        self.shared.catalog().default_space()
     }
 
     /// The records with keys in `range`, in ascending order (`.rev()` for descending).
@@ -146,7 +245,7 @@ impl Tree {
         K: AsRef<[u8]>,
         R: std::ops::RangeBounds<K>,
     {
-        Range::new(&self.shared, range)
+        Range::new(&self.shared, self.default_space(), false, range)
     }
 
     /// Every record, in ascending key order.
@@ -161,7 +260,7 @@ impl Tree {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn iter(&self) -> Range<'_> {
-        Range::new::<&[u8], _>(&self.shared, ..)
+        Range::new::<&[u8], _>(&self.shared, self.default_space(), false, ..)
     }
 
     /// Makes every write acknowledged so far durable, whatever the [`Durability`]: syncs the
@@ -243,15 +342,6 @@ impl Tree {
     #[doc(hidden)]
     pub fn census(&self) -> super::census::Census {
         self.shared.census()
-    }
-
-    /// Wakes the evictors when a write left the buffer short of room, and the checkpointer
-    /// when the log grew past its mark.
-    fn after_write(&self) {
-        self.shared.nudge_evictors();
-        if self.shared.wants_checkpoint() {
-            self.background.nudge_checkpointer();
-        }
     }
 
     /// A tree over already opened state with `threads` evictor threads (tests that open over

@@ -60,7 +60,7 @@ impl Control {
     /// buffer is short of it; a ring not answered yet needs no other (the thread it wakes
     /// looks at the buffer itself), and skipping it saves the mutex, which two threads would
     /// pass back and forth, and the `futex` wake, a system call even with nobody waiting.
-    fn ring(&self) {
+    pub(crate) fn ring(&self) {
         if self.rung.load(Ordering::Relaxed) || self.rung.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -118,7 +118,7 @@ impl Background {
     /// Starts `evictors` evictor threads and, when writes are logged, a checkpointer (none
     /// of either for in-memory trees).
     pub(crate) fn start(tree: &Arc<Shared>, evictors: usize) -> Background {
-        let (evict, checkpoint) = (tree.evict_bell().clone(), Control::new());
+        let (evict, checkpoint) = (tree.evict_bell().clone(), tree.checkpoint_bell().clone());
         let file_backed = !tree.storage().is_in_memory();
         let evictors = if file_backed { evictors } else { 0 };
         let mut threads = Vec::new();
@@ -147,11 +147,6 @@ impl Background {
             checkpoint,
             threads,
         }
-    }
-
-    /// Wakes the checkpointer now (the log grew past its mark).
-    pub(crate) fn nudge_checkpointer(&self) {
-        self.checkpoint.ring();
     }
 
     /// Stops and joins the threads.

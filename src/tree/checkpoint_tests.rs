@@ -155,7 +155,11 @@ fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) ->
 
 fn leaf_of(tree: &Tree, key: &[u8]) -> PageId {
     let guard = sync::pin();
-    tree.shared().index().descend(&guard, Seek::Key(key)).leaf()
+    let key = crate::tree::keyspace::stored_key(key);
+    tree.shared()
+        .index()
+        .descend(&guard, Seek::Key(&key))
+        .leaf()
 }
 
 /// Whether leaf `pid`'s cached node has changes that are not on disk, and its page.

@@ -76,6 +76,16 @@ struct Leaves<'a> {
     damaged: bool,
 }
 
+/// What became of an emptied leaf.
+enum Unlink {
+    /// Removed from the structure.
+    Done,
+    /// The structure lock is busy: not now.
+    Busy,
+    /// It stays (the only leaf).
+    Kept,
+}
+
 impl Shared {
     /// The eviction callback (the seam between the pool and write-back): writes back the
     /// leaf whose block reached the head and detaches the block. A leaf that cannot be
@@ -121,7 +131,17 @@ impl Shared {
         }
         let (records, route_key, damaged) = if node.kind() == NodeKind::Leaf {
             let records = node_records(node);
-            let route = records.first().map(|r| r.key.to_vec());
+            let route = match records.first() {
+                Some(r) => Some(r.key.to_vec()),
+                // An emptied mirror (its removal found the structure lock busy): its low
+                // bound routes to it, and stays its own while its lock is held.
+                None => self
+                    .index()
+                    .leaves()
+                    .into_iter()
+                    .find(|&(_, p)| p == pid)
+                    .map(|(low, _)| low),
+            };
             (records, route, node.flags() & FLAG_DAMAGED != 0)
         } else {
             let mut route = Vec::new();
@@ -157,15 +177,14 @@ impl Shared {
         // An emptied damaged leaf stays: removing it would make its lost keys read as absent.
         if records.is_empty() && !damaged {
             if let Some(key) = &route_key {
-                if self.unlink_empty(pid, disk, key, smo) {
-                    return Ok(Step::Done(Action::Detach(NO_PAGE)));
-                }
-                if smo.is_none() && batch.is_some() {
-                    // A pass that may skip leaves (a checkpoint's first, or the idle
-                    // write-back) leaves an emptied leaf it cannot unlink now to a pass that
-                    // holds the structure lock, rather than write it as an empty page that
-                    // nothing would remove later.
-                    return Ok(Step::Restart(Restart::Retry));
+                match self.unlink_empty(pid, disk, key, smo) {
+                    Unlink::Done => return Ok(Step::Done(Action::Detach(NO_PAGE))),
+                    // Rather than write an empty page that nothing would remove later, an
+                    // eviction tries again and a pass that may skip leaves (a checkpoint's
+                    // first, or the idle write-back) leaves the leaf to one that holds the
+                    // structure lock.
+                    Unlink::Busy => return Ok(Step::Restart(Restart::Retry)),
+                    Unlink::Kept => {}
                 }
             }
         }
@@ -333,15 +352,14 @@ impl Shared {
     }
 
     /// Removes an emptied leaf from the structure. Its page id is freed later by
-    /// `drain_orphans` (the guard belongs to the caller, who detaches the block). False if it
-    /// must stay (the only leaf, or the structure lock is busy).
+    /// `drain_orphans` (the guard belongs to the caller, who detaches the block).
     fn unlink_empty(
         &self,
         pid: PageId,
         disk: Option<u64>,
         key: &[u8],
         smo: Option<&SmoGuard<'_>>,
-    ) -> bool {
+    ) -> Unlink {
         let local;
         let smo = match smo {
             Some(s) => s,
@@ -350,11 +368,11 @@ impl Shared {
                     local = s;
                     &local
                 }
-                None => return false,
+                None => return Unlink::Busy,
             },
         };
         if !self.publish(smo, key, pid, Vec::new()) {
-            return false;
+            return Unlink::Kept;
         }
         if let Some(d) = disk {
             self.storage().supersede(d);
@@ -362,7 +380,7 @@ impl Shared {
         self.storage().pages().forget_leaf(pid);
         self.storage().pages().orphan(pid);
         self.counters().count(Event::LeafRemoved);
-        true
+        Unlink::Done
     }
 
     /// Writes records that overflow one page as several leaves and publishes them.

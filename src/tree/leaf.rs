@@ -224,6 +224,44 @@ impl Shared {
         })
     }
 
+    /// The value of `key` in a write-locked leaf, read from its disk page if the buffered
+    /// node does not decide it. Caches nothing: the caller is about to write the key.
+    pub(super) fn value_in_leaf(
+        &self,
+        page: &WriteGuard<'_>,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        let mut disk = match page.location() {
+            Location::Disk(p) => Some(p),
+            Location::Mini(_) => None,
+        };
+        if let Some(bytes) = page.mini() {
+            let node = NodeRef::from_bytes(bytes);
+            if let Some((_, kind, value)) = node.get(key) {
+                return Ok(kind.exists().then(|| value.to_vec()));
+            }
+            if node.kind() == NodeKind::Leaf {
+                return Ok(None);
+            }
+            disk = node.disk_page();
+        }
+        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
+            return Ok(None);
+        };
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(disk, buf)?;
+            let leaf = self.storage().check_leaf(disk, buf)?;
+            match leaf.get(key) {
+                Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
+                None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(
+                    Some(disk),
+                    "the key is in a damaged leaf that may have lost it",
+                )),
+                None => Ok(None),
+            }
+        })
+    }
+
     /// Applies a write to a write-locked leaf.
     pub(super) fn write_in_leaf<'p>(
         &'p self,

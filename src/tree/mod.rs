@@ -36,6 +36,7 @@ mod admit;
 mod api;
 mod background;
 mod batch;
+mod catalog;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
 #[cfg(any(test, fuzzing, bfkv_internals))]
@@ -50,6 +51,7 @@ mod fault_tests;
 mod index;
 mod inner;
 mod journal;
+mod keyspace;
 mod leaf;
 mod mirror;
 mod pages;
@@ -68,6 +70,7 @@ mod tests;
 pub use api::Tree;
 #[cfg(any(fuzzing, bfkv_internals))]
 pub use census::Census;
+pub use keyspace::Keyspace;
 pub use scan::Range;
 pub use stats::Stats;
 
@@ -90,7 +93,9 @@ const FLAG_DAMAGED: u8 = 1 << 3;
 /// What a write does to its key.
 #[derive(Clone, Copy)]
 pub(crate) enum WriteOp<'a> {
+    /// Sets the value.
     Put(&'a [u8]),
+    /// Removes the key.
     Delete,
 }
 

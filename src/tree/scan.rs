@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::ops::Bound;
 
 use super::inner::{Path, Seek};
+use super::keyspace::{Entered, Space};
 use super::leaf::{node_records, with_page_buf};
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
@@ -44,6 +45,11 @@ pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
 /// ```
 pub struct Range<'t> {
     tree: &'t Shared,
+    /// The keyspace scanned.
+    space: &'t Space,
+    /// The gate passed for every leaf: the keyspace's, when the handle that made this
+    /// iterator may outlive the tree (a `Keyspace`).
+    gate: Option<&'t Space>,
     lower: Bound<Vec<u8>>,
     upper: Bound<Vec<u8>>,
     /// Where the front continues (initially `lower`).
@@ -57,14 +63,6 @@ pub struct Range<'t> {
     front_done: bool,
     back_done: bool,
     finished: bool,
-}
-
-fn owned(bound: Bound<&impl AsRef<[u8]>>) -> Bound<Vec<u8>> {
-    match bound {
-        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
-        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
-        Bound::Unbounded => Bound::Unbounded,
-    }
 }
 
 /// Whether `key` is at or past the end bound `end` (going up).
@@ -85,12 +83,14 @@ fn at_or_below_start(start: &Bound<Vec<u8>>, low: &[u8]) -> bool {
 }
 
 impl<'t> Range<'t> {
+    /// An iterator over the keys of `space` in `range`.
     pub(crate) fn new<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
         tree: &'t Shared,
+        space: &'t Space,
+        gated: bool,
         range: R,
     ) -> Range<'t> {
-        let lower = owned(range.start_bound());
-        let upper = owned(range.end_bound());
+        let (lower, upper) = space.bounds(&range);
         let empty = match (&lower, &upper) {
             (Bound::Included(l), Bound::Included(u)) => l > u,
             (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
@@ -99,6 +99,8 @@ impl<'t> Range<'t> {
         };
         Range {
             tree,
+            space,
+            gate: gated.then_some(space),
             front: lower.clone(),
             back: upper.clone(),
             lower,
@@ -116,6 +118,7 @@ impl<'t> Range<'t> {
     /// Copies out the next leaf (going up) that has records in range.
     fn fill_front(&mut self) -> Result<()> {
         while self.front_buf.is_empty() && !self.front_done {
+            let _in = self.enter()?;
             let guard = sync::pin();
             let seek = match &self.front {
                 Bound::Unbounded => Seek::First,
@@ -143,6 +146,7 @@ impl<'t> Range<'t> {
     /// Copies out the next leaf (going down) that has records in range.
     fn fill_back(&mut self) -> Result<()> {
         while self.back_buf.is_empty() && !self.back_done {
+            let _in = self.enter()?;
             let guard = sync::pin();
             let seek = match &self.back {
                 Bound::Unbounded => Seek::Last,
@@ -165,6 +169,17 @@ impl<'t> Range<'t> {
             self.back_buf.extend(items.into_iter().rev());
         }
         Ok(())
+    }
+
+    /// Passes the keyspace's gate, if this iterator came from a `Keyspace`.
+    fn enter(&self) -> Result<Option<Entered<'t>>> {
+        self.gate.map(Space::enter).transpose()
+    }
+
+    /// The record as the caller sees it: the key without the keyspace prefix.
+    fn user(&self, (mut k, v): KeyValue) -> KeyValue {
+        k.drain(..self.space.prefix().as_slice().len());
+        (k, v)
     }
 
     /// Ends the iteration with `e` as its last item.
@@ -193,7 +208,7 @@ impl Iterator for Range<'_> {
             return None;
         }
         self.front_last = Some(k.clone());
-        Some(Ok((k, v)))
+        Some(Ok(self.user((k, v))))
     }
 }
 
@@ -214,7 +229,7 @@ impl DoubleEndedIterator for Range<'_> {
             return None;
         }
         self.back_last = Some(k.clone());
-        Some(Ok((k, v)))
+        Some(Ok(self.user((k, v))))
     }
 }
 

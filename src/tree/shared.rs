@@ -6,6 +6,7 @@
 
 use super::admit::Doorkeeper;
 use super::background::Control;
+use super::catalog::Catalog;
 use super::index::{Index, SmoGuard};
 use super::inner::{Entry, Inner, Seek};
 use super::journal::Journal;
@@ -17,7 +18,7 @@ use super::{Restart, Step, WriteOp, NO_PAGE};
 use crate::config::{Config, Limits};
 use crate::error::{Error, Result};
 use crate::node::{NodeKind, NodeMut};
-use crate::pool::{BufferPool, Evicted, Location, PageId};
+use crate::pool::{BufferPool, Evicted, Location, PageId, WriteGuard};
 use crate::sync::{self, AtomicBool, Ordering};
 use crate::wal::Appended;
 
@@ -39,8 +40,13 @@ pub(crate) struct Shared {
     /// Wakes the evictor threads (`background.rs`): rung by whoever takes buffer room while
     /// the buffer is short of it.
     evict_bell: std::sync::Arc<Control>,
+    /// Wakes the checkpointer (`background.rs`): rung by a write after which the log has
+    /// grown past its mark.
+    checkpoint_bell: std::sync::Arc<Control>,
     closed: AtomicBool,
     dir: Option<DirLock>,
+    /// The keyspaces (`catalog.rs`).
+    catalog: Catalog,
 }
 
 impl Shared {
@@ -68,8 +74,10 @@ impl Shared {
             journal,
             counters: Counters::default(),
             evict_bell: Control::new(),
+            checkpoint_bell: Control::new(),
             closed: AtomicBool::new(false),
             dir,
+            catalog: Catalog::new(),
         }
     }
 
@@ -143,9 +151,29 @@ impl Shared {
         &self.counters
     }
 
+    /// The keyspaces.
+    #[inline]
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     /// The evictor threads' doorbell.
     pub(crate) fn evict_bell(&self) -> &std::sync::Arc<Control> {
         &self.evict_bell
+    }
+
+    /// The checkpointer's doorbell.
+    pub(crate) fn checkpoint_bell(&self) -> &std::sync::Arc<Control> {
+        &self.checkpoint_bell
+    }
+
+    /// Wakes the evictors when a write left the buffer short of room, and the checkpointer
+    /// when the log grew past its mark.
+    pub(crate) fn after_write(&self) {
+        self.nudge_evictors();
+        if self.wants_checkpoint() {
+            self.checkpoint_bell.ring();
+        }
     }
 
     /// Frees memory by evicting one block; in-memory trees cannot.
@@ -215,6 +243,18 @@ impl Shared {
     /// for good (`Wal::check`): the tree answers every later call with that error until it
     /// is reopened, and the reopened tree does not have the write.
     pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Appended>> {
+        self.apply_with(key, log, |_, _| Ok(Some(op)))
+    }
+
+    /// As [`Shared::apply`], for the write `decide` chooses with the leaf locked (it may
+    /// read the key's current value there); `None` writes nothing. `decide` runs again
+    /// whenever the attempt restarts.
+    pub(crate) fn apply_with<'v>(
+        &self,
+        key: &[u8],
+        log: bool,
+        mut decide: impl FnMut(&Self, &WriteGuard<'_>) -> Result<Option<WriteOp<'v>>>,
+    ) -> Result<Option<Appended>> {
         if log {
             self.journal.check()?;
         }
@@ -222,6 +262,9 @@ impl Shared {
         loop {
             let guard = sync::pin();
             let (path, mut page) = self.index.write_leaf(&self.pool, &guard, key);
+            let Some(op) = decide(self, &page)? else {
+                return Ok(None);
+            };
             let written = match self.write_in_leaf(&path, &mut page, key, op)? {
                 Step::Done(written) => written,
                 Step::Restart(restart) => {
@@ -244,6 +287,33 @@ impl Shared {
         }
     }
 
+    /// Replaces the value of `key` by `new` (`None`: removes it) if it is `expected`
+    /// (`None`: absent), atomically: the comparison and the write happen under the leaf's
+    /// lock. Returns whether it matched; waits for durability like a write when it wrote.
+    pub(crate) fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        let mut matched = false;
+        let appended = self.apply_with(key, true, |shared, page| {
+            let current = shared.value_in_leaf(page, key)?;
+            matched = current.as_deref() == expected;
+            // Removing an absent key matches and changes nothing.
+            if !matched || (new.is_none() && current.is_none()) {
+                return Ok(None);
+            }
+            Ok(Some(new.map_or(WriteOp::Delete, WriteOp::Put)))
+        })?;
+        if let Some(appended) = appended {
+            self.journal.commit(appended)?;
+        }
+        // A failed comparison read a leaf that may hold refused writes (`Journal::check`).
+        self.journal.check()?;
+        Ok(matched)
+    }
+
     /// Replays the log from the last checkpoint (recovery), before anyone else can write.
     pub(crate) fn replay_log(&self) -> Result<()> {
         let stats = self.journal.replay(|key, op| {
@@ -252,7 +322,7 @@ impl Shared {
                 WriteOp::Delete => &[],
             };
             // The tree never logs what it would refuse; applying it could not end.
-            if self.limits.check(key, value).is_err() {
+            if self.limits.check_stored(key, value).is_err() {
                 let dir = self.config.dir.clone().unwrap_or_default();
                 return Err(Error::corruption(
                     dir.join("wal"),
@@ -314,6 +384,8 @@ impl Shared {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // Calls through keyspace handles still inside finish first; later ones are refused.
+        self.catalog.shut_all();
         let result = self.checkpoint();
         // The log lets go of the directory before the lock does: once another tree may own
         // the directory, nothing of this one may write or remove files there.

@@ -193,7 +193,7 @@ fn scan_races_split_and_merge() {
     assert!(
         leaves
             .windows(2)
-            .any(|w| w[0].0 == [b'm', 1] && w[1].0 == [b'z']),
+            .any(|w| w[0].0 == [0, b'm', 1] && w[1].0 == [0, b'z']),
         "setup did not give the last churn keys a leaf of their own: {leaves:?}"
     );
     let splits_before = tree.stats().splits;

@@ -1,0 +1,579 @@
+//! Keyspaces: independent key orders in one tree, sharing its cache, log and data file.
+//!
+//! **Design decision: one short prefix per keyspace, not one tree per keyspace.** Every
+//! stored key starts with its keyspace's prefix (1 byte for the default keyspace and the
+//! first 239 named ones, at most 5), so the log, replay, checkpoints, eviction, splits and
+//! recovery need nothing new, and a batch spanning keyspaces is a batch over keys. It costs
+//! no bytes in a leaf: a leaf's records share the prefix of its two fences (`node`), and
+//! only a leaf whose range straddles two keyspaces stores it per record. Keys in the log and
+//! the inner nodes carry it (one byte on a 16-byte key). A tree per keyspace would instead
+//! need a keyspace id in every log record, leaf map entry and eviction path, and a root per
+//! keyspace in every structure change.
+//!
+//! Prefixes (prefix-free, so no two keyspaces share a key): id 0, the default keyspace, is
+//! `[0x00]`; ids below `0xF0` are `[id]`; larger ids are `[0xEF + n]` followed by the id in
+//! `n` big-endian bytes. `0xFF` starts the catalog's keys (`catalog.rs`).
+
+use std::ops::{Bound, Deref, RangeBounds};
+
+use super::scan::Range;
+use super::shared::Shared;
+use super::WriteOp;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+use crate::sync::{self, AtomicU8, AtomicUsize, Ordering};
+
+/// Most bytes a keyspace prefix takes.
+pub(crate) const MAX_PREFIX: usize = crate::config::MAX_KEY_PREFIX;
+
+/// First byte of every catalog key; no keyspace prefix starts with it.
+pub(crate) const CATALOG_BYTE: u8 = 0xFF;
+
+/// Ids below this take a one-byte prefix.
+const SHORT_IDS: u32 = 0xF0;
+
+/// The bytes that start every key of one keyspace.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Prefix {
+    len: u8,
+    bytes: [u8; MAX_PREFIX],
+}
+
+impl Prefix {
+    /// The prefix of keyspace `id`.
+    pub(crate) fn of(id: u32) -> Prefix {
+        let mut bytes = [0u8; MAX_PREFIX];
+        if id < SHORT_IDS {
+            bytes[0] = id as u8;
+            return Prefix { len: 1, bytes };
+        }
+        let be = id.to_be_bytes();
+        let skip = be.iter().take_while(|&&b| b == 0).count();
+        let n = 4 - skip;
+        bytes[0] = 0xEF + n as u8;
+        bytes[1..=n].copy_from_slice(&be[skip..]);
+        Prefix {
+            len: 1 + n as u8,
+            bytes,
+        }
+    }
+
+    /// The catalog's prefix.
+    #[cfg(test)]
+    fn catalog() -> Prefix {
+        Prefix::raw(&[CATALOG_BYTE])
+    }
+
+    /// A prefix of the given bytes (at most [`MAX_PREFIX`]; the catalog's own ranges).
+    pub(crate) fn raw(raw: &[u8]) -> Prefix {
+        let mut bytes = [0u8; MAX_PREFIX];
+        bytes[..raw.len()].copy_from_slice(raw);
+        Prefix {
+            len: raw.len() as u8,
+            bytes,
+        }
+    }
+
+    /// The prefix bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// The smallest key above every key with this prefix (`None`: no such key).
+    fn end(self) -> Option<Vec<u8>> {
+        let mut end = self.as_slice().to_vec();
+        while let Some(last) = end.pop() {
+            if last < 0xFF {
+                end.push(last + 1);
+                return Some(end);
+            }
+        }
+        None
+    }
+
+    /// `key` with this prefix in front.
+    pub(crate) fn key(self, key: &[u8]) -> FullKey {
+        FullKey::new(self.as_slice(), key)
+    }
+
+    /// The stored-key form of a range of this keyspace's keys.
+    fn bounds<K: AsRef<[u8]>>(
+        self,
+        range: &impl RangeBounds<K>,
+    ) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+        let full = |k: &K| self.key(k.as_ref()).to_vec();
+        let lower = match range.start_bound() {
+            Bound::Included(k) => Bound::Included(full(k)),
+            Bound::Excluded(k) => Bound::Excluded(full(k)),
+            Bound::Unbounded => Bound::Included(self.as_slice().to_vec()),
+        };
+        let upper = match range.end_bound() {
+            Bound::Included(k) => Bound::Included(full(k)),
+            Bound::Excluded(k) => Bound::Excluded(full(k)),
+            Bound::Unbounded => self.end().map_or(Bound::Unbounded, Bound::Excluded),
+        };
+        (lower, upper)
+    }
+}
+
+/// `key` as the default keyspace stores it (tests that look inside the tree).
+#[cfg(all(test, not(shuttle)))]
+pub(crate) fn stored_key(key: &[u8]) -> Vec<u8> {
+    Prefix::of(0).key(key).to_vec()
+}
+
+/// Bytes of a prefixed key kept on the stack.
+const INLINE_KEY: usize = 64;
+
+/// A prefixed key: on the stack when short (every key of the paper's workloads), so the
+/// prefix costs a copy of the key, not an allocation.
+pub(crate) enum FullKey {
+    /// `len` bytes of `bytes`.
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    /// A longer key.
+    Heap(Vec<u8>),
+}
+
+impl FullKey {
+    /// `prefix` followed by `key`.
+    pub(crate) fn new(prefix: &[u8], key: &[u8]) -> FullKey {
+        let len = prefix.len() + key.len();
+        if len > INLINE_KEY {
+            return FullKey::Heap([prefix, key].concat());
+        }
+        let mut bytes = [0u8; INLINE_KEY];
+        bytes[..prefix.len()].copy_from_slice(prefix);
+        bytes[prefix.len()..len].copy_from_slice(key);
+        FullKey::Inline {
+            len: len as u8,
+            bytes,
+        }
+    }
+}
+
+impl Deref for FullKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FullKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            FullKey::Heap(v) => v,
+        }
+    }
+}
+
+/// Gate states.
+const OPEN: u8 = 0;
+const DROPPED: u8 = 1;
+const CLOSED: u8 = 2;
+
+/// One keyspace as the tree knows it: its id, name and prefix, and the gate its handles'
+/// calls pass, which lets a drop or a close wait out the calls already inside.
+#[derive(Debug)]
+pub(crate) struct Space {
+    /// Its name (empty for the default keyspace).
+    name: String,
+    /// The prefix of its keys.
+    prefix: Prefix,
+    /// Calls of its handles now inside the tree.
+    active: AtomicUsize,
+    /// `OPEN`, `DROPPED` or `CLOSED`.
+    state: AtomicU8,
+}
+
+/// A call that passed a [`Space`]'s gate; leaves it when dropped.
+pub(crate) struct Entered<'s>(&'s Space);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Space {
+    /// Keyspace `id` named `name`.
+    pub(crate) fn new(id: u32, name: String) -> Space {
+        Space {
+            name,
+            prefix: Prefix::of(id),
+            active: AtomicUsize::new(0),
+            state: AtomicU8::new(OPEN),
+        }
+    }
+
+    /// A space over every key that starts with `prefix` (the catalog's ranges; no handle
+    /// names it).
+    pub(crate) fn with_prefix(prefix: Prefix) -> Space {
+        Space {
+            prefix,
+            ..Space::new(0, String::new())
+        }
+    }
+
+    /// Its prefix.
+    pub(crate) fn prefix(&self) -> Prefix {
+        self.prefix
+    }
+
+    /// Passes the gate: `Closed` once the tree closed, `KeyspaceDropped` once it was dropped.
+    ///
+    /// The counter is raised before the state is read, and `shut` writes the state before
+    /// it reads the counter (all sequentially consistent): either `shut` sees this call and
+    /// waits for it, or this call sees the new state and turns back.
+    pub(crate) fn enter(&self) -> Result<Entered<'_>> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let entered = Entered(self);
+        match self.state.load(Ordering::SeqCst) {
+            OPEN => Ok(entered),
+            DROPPED => Err(Error::KeyspaceDropped {
+                name: self.name.clone(),
+            }),
+            _ => Err(Error::Closed),
+        }
+    }
+
+    /// Closes the gate (`dropped`: for a drop, else for the tree's close) and waits until
+    /// no call is inside. The caller must not be inside itself.
+    pub(crate) fn shut(&self, dropped: bool) {
+        let state = if dropped { DROPPED } else { CLOSED };
+        // A dropped keyspace stays dropped when the tree closes.
+        let _ = self
+            .state
+            .compare_exchange(OPEN, state, Ordering::SeqCst, Ordering::SeqCst);
+        while self.active.load(Ordering::SeqCst) != 0 {
+            sync::yield_now();
+        }
+    }
+
+    /// The stored-key bounds of `range` in this keyspace.
+    pub(crate) fn bounds<K: AsRef<[u8]>>(
+        &self,
+        range: &impl RangeBounds<K>,
+    ) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+        self.prefix.bounds(range)
+    }
+}
+
+impl Shared {
+    /// Inserts `key` → `value` in `space`.
+    pub(crate) fn put_in(&self, space: &Space, key: &[u8], value: &[u8]) -> Result<()> {
+        self.limits().check(key, value)?;
+        self.write(&space.prefix.key(key), WriteOp::Put(value))?;
+        self.after_write();
+        Ok(())
+    }
+
+    /// Removes `key` from `space`.
+    pub(crate) fn delete_in(&self, space: &Space, key: &[u8]) -> Result<()> {
+        self.limits().check(key, &[])?;
+        self.write(&space.prefix.key(key), WriteOp::Delete)?;
+        self.after_write();
+        Ok(())
+    }
+
+    /// The value of `key` in `space`.
+    pub(crate) fn get_in(&self, space: &Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.limits().check(key, &[])?;
+        let value = self.get(&space.prefix.key(key));
+        // A promotion or a move to the tail may have taken room.
+        self.nudge_evictors();
+        value
+    }
+
+    /// Compare-and-swap of `key` in `space` (see [`Tree::compare_and_swap`](crate::Tree::compare_and_swap)).
+    pub(crate) fn cas_in(
+        &self,
+        space: &Space,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.limits().check(key, new.unwrap_or_default())?;
+        let swapped = self.compare_and_swap(&space.prefix.key(key), expected, new)?;
+        self.after_write();
+        Ok(swapped)
+    }
+}
+
+/// A handle on one keyspace of a [`Tree`](crate::Tree): an independent key order with the
+/// same key-value methods as the tree (whose own methods act on its default keyspace).
+///
+/// Keyspaces share the tree's cache, log and data file; a key costs nothing extra in a leaf
+/// (see `docs/ARCHITECTURE.md`). A handle is cheap to clone and may be sent to other
+/// threads. After the tree is closed, or the keyspace dropped, its methods return
+/// [`Error::Closed`] or [`Error::KeyspaceDropped`]; a live handle never keeps the tree from
+/// closing.
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// let users = tree.keyspace("users")?;
+/// let orders = tree.keyspace("orders")?;
+/// users.insert(b"42", b"ada")?;
+/// orders.insert(b"42", b"3 books")?;
+/// assert_eq!(users.get(b"42")?, Some(b"ada".to_vec()));
+/// assert_eq!(orders.get(b"42")?, Some(b"3 books".to_vec()));
+/// assert_eq!(tree.get(b"42")?, None); // the default keyspace is another one
+/// # Ok::<(), bfkv::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Keyspace {
+    shared: std::sync::Arc<Shared>,
+    space: Arc<Space>,
+}
+
+impl Keyspace {
+    /// A handle on `space` of `shared`.
+    pub(crate) fn new(shared: std::sync::Arc<Shared>, space: Arc<Space>) -> Keyspace {
+        Keyspace { shared, space }
+    }
+
+    /// The keyspace's name (empty for the default keyspace).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// assert_eq!(tree.keyspace("users")?.name(), "users");
+    /// assert_eq!(tree.default_keyspace().name(), "");
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.space.name
+    }
+
+    /// Inserts `key` → `value`, replacing any previous value. As [`Tree::insert`](crate::Tree::insert).
+    ///
+    /// # Errors
+    /// As [`Tree::insert`](crate::Tree::insert), and [`Error::Closed`] or
+    /// [`Error::KeyspaceDropped`] (nothing written).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// ks.insert(b"k", b"v")?;
+    /// assert_eq!(ks.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {
+        let _in = self.space.enter()?;
+        self.shared
+            .put_in(&self.space, key.as_ref(), value.as_ref())
+    }
+
+    /// Removes `key`; removing an absent key is not an error. As [`Tree::remove`](crate::Tree::remove).
+    ///
+    /// # Errors
+    /// As [`Keyspace::insert`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// ks.insert(b"k", b"v")?;
+    /// ks.remove(b"k")?;
+    /// assert_eq!(ks.get(b"k")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        let _in = self.space.enter()?;
+        self.shared.delete_in(&self.space, key.as_ref())
+    }
+
+    /// The value stored under `key`, if any. As [`Tree::get`](crate::Tree::get).
+    ///
+    /// # Errors
+    /// As [`Tree::get`](crate::Tree::get), and [`Error::Closed`] or [`Error::KeyspaceDropped`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// assert_eq!(ks.get(b"k")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>> {
+        let _in = self.space.enter()?;
+        self.shared.get_in(&self.space, key.as_ref())
+    }
+
+    /// Atomically replaces the value of `key` with `new` if it is `expected`. As
+    /// [`Tree::compare_and_swap`](crate::Tree::compare_and_swap).
+    ///
+    /// # Errors
+    /// As [`Keyspace::insert`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let locks = tree.keyspace("locks")?;
+    /// assert!(locks.compare_and_swap(b"job", None, Some(b"worker-1".as_slice()))?);
+    /// assert!(!locks.compare_and_swap(b"job", None, Some(b"worker-2".as_slice()))?);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn compare_and_swap(
+        &self,
+        key: impl AsRef<[u8]>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        let _in = self.space.enter()?;
+        self.shared.cas_in(&self.space, key.as_ref(), expected, new)
+    }
+
+    /// The records with keys in `range`, ascending (`.rev()` for descending). As
+    /// [`Tree::range`](crate::Tree::range); the iterator yields [`Error::Closed`] or
+    /// [`Error::KeyspaceDropped`] if that happens while it runs.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// for k in [b"a", b"b", b"c"] { ks.insert(k, b"")?; }
+    /// tree.insert(b"b2", b"")?; // another keyspace: not in the range below
+    /// let keys: Vec<Vec<u8>> = ks.range(b"b".as_slice()..).map(|r| r.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+    /// assert_eq!(keys, vec![b"b".to_vec(), b"c".to_vec()]);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn range<K, R>(&self, range: R) -> Range<'_>
+    where
+        K: AsRef<[u8]>,
+        R: RangeBounds<K>,
+    {
+        Range::new(&self.shared, &self.space, true, range)
+    }
+
+    /// Every record of the keyspace, in ascending key order.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// ks.insert(b"k", b"v")?;
+    /// assert_eq!(ks.iter().count(), 1);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn iter(&self) -> Range<'_> {
+        Range::new::<&[u8], _>(&self.shared, &self.space, true, ..)
+    }
+}
+
+/// `for (key, value) in &keyspace` walks its records in key order, as [`Keyspace::iter`].
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// let ks = tree.keyspace("ks")?;
+/// ks.insert(b"k", b"v")?;
+/// for record in &ks {
+///     assert_eq!(record?, (b"k".to_vec(), b"v".to_vec()));
+/// }
+/// # Ok::<(), bfkv::Error>(())
+/// ```
+impl<'k> IntoIterator for &'k Keyspace {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+    type IntoIter = Range<'k>;
+
+    fn into_iter(self) -> Range<'k> {
+        self.iter()
+    }
+}
+
+impl std::fmt::Debug for Keyspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyspace")
+            .field("name", &self.space.name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_prefix_free_and_bounded() {
+        let ids = [
+            0u32,
+            1,
+            0xEF,
+            0xF0,
+            0xFF,
+            0x100,
+            0xFFFF,
+            0x1_0000,
+            0xFF_FFFF,
+            0x100_0000,
+            u32::MAX,
+        ];
+        let prefixes: Vec<Prefix> = ids.iter().map(|&i| Prefix::of(i)).collect();
+        for (a, pa) in ids.iter().zip(&prefixes) {
+            assert!(pa.as_slice().len() <= MAX_PREFIX);
+            assert_ne!(pa.as_slice()[0], CATALOG_BYTE, "id {a}");
+            for (b, pb) in ids.iter().zip(&prefixes) {
+                if a != b {
+                    assert!(
+                        !pb.as_slice().starts_with(pa.as_slice()),
+                        "{a} is a prefix of {b}"
+                    );
+                }
+            }
+        }
+        assert_eq!(Prefix::of(0).as_slice(), [0]);
+        assert_eq!(Prefix::of(0xEF).as_slice(), [0xEF]);
+        assert_eq!(Prefix::of(0xF0).as_slice(), [0xF0, 0xF0]);
+        assert_eq!(
+            Prefix::of(u32::MAX).as_slice(),
+            [0xF3, 0xFF, 0xFF, 0xFF, 0xFF]
+        );
+    }
+
+    #[test]
+    fn bounds_cover_exactly_the_keyspace() {
+        for id in [0u32, 7, 0xEF, 0xF0, 0x1FF, u32::MAX] {
+            let p = Prefix::of(id);
+            let (lo, hi) = p.bounds::<&[u8]>(&(..));
+            let inside = |k: &[u8]| {
+                let above = match &lo {
+                    Bound::Included(l) => k >= l.as_slice(),
+                    _ => unreachable!(),
+                };
+                let below = match &hi {
+                    Bound::Excluded(h) => k < h.as_slice(),
+                    Bound::Unbounded => true,
+                    Bound::Included(_) => unreachable!(),
+                };
+                above && below
+            };
+            for key in [&b""[..], b"\x00", b"\xff\xff\xff", b"abc"] {
+                assert!(inside(&p.key(key)), "id {id}");
+            }
+            for other in [0u32, 7, 0xEF, 0xF0, 0x1FF, u32::MAX]
+                .into_iter()
+                .filter(|&o| o != id)
+            {
+                for key in [&b""[..], b"\x00", b"\xff\xff\xff"] {
+                    assert!(!inside(&Prefix::of(other).key(key)), "{other} inside {id}");
+                }
+            }
+            assert!(!inside(&Prefix::catalog().key(b"x")));
+        }
+        assert_eq!(Prefix::catalog().end(), None);
+    }
+
+    #[test]
+    fn full_keys_spill_to_the_heap_only_when_long() {
+        let short = FullKey::new(&[3], &[9; 63]);
+        assert!(matches!(short, FullKey::Inline { .. }));
+        assert_eq!(short.len(), 64);
+        let long = FullKey::new(&[3], &[9; 64]);
+        assert!(matches!(long, FullKey::Heap(_)));
+        assert_eq!(&long[..2], [3, 9]);
+        assert_eq!(long.len(), 65);
+    }
+
+    #[test]
+    fn a_shut_gate_turns_calls_back() {
+        let s = Space::new(5, "five".into());
+        let inside = s.enter().unwrap();
+        drop(inside);
+        s.shut(true);
+        assert!(matches!(s.enter(), Err(Error::KeyspaceDropped { name }) if name == "five"));
+        s.shut(false);
+        assert!(matches!(s.enter(), Err(Error::KeyspaceDropped { .. })));
+        let t = Space::new(0, String::new());
+        t.shut(false);
+        assert!(matches!(t.enter(), Err(Error::Closed)));
+    }
+}
