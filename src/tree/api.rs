@@ -223,6 +223,35 @@ impl Tree {
         self.shared.drop_keyspace(name)
     }
 
+    /// Copies the tree into the new directory `target`, online: writers go on during the
+    /// copy (only checkpoints wait for it). The copy is an independent tree that
+    /// [`Tree::open`] opens (while this one is open too) and holds every write acknowledged
+    /// before the call. The data file is copied (the kernel shares blocks where the file
+    /// system can, as on XFS and Btrfs), complete log segments are hard-linked, and the
+    /// copy is opened and closed once before this returns, so it is checked and needs no
+    /// recovery. With a log (`Sync`, `Buffered`) the copy is the tree after a prefix of the
+    /// acknowledged writes; under `Durability::None`, which keeps no order of writes, each
+    /// write made while the backup runs may be in it or not.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) of kind `AlreadyExists` if anything is at `target`
+    /// (nothing there is touched); [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
+    /// an in-memory tree; I/O errors of the copy, after which `target` is removed again.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path().join("db")))?;
+    /// tree.insert(b"k", b"v")?;
+    /// tree.backup(dir.path().join("copy"))?;
+    /// let copy = bfkv::Tree::open(bfkv::Config::new(dir.path().join("copy")))?;
+    /// assert_eq!(copy.get(b"k")?, Some(b"v".to_vec()));
+    /// assert!(tree.backup(dir.path().join("copy")).is_err()); // never overwrites
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn backup(&self, target: impl AsRef<std::path::Path>) -> Result<()> {
+        self.shared.backup(target.as_ref())
+    }
+
     /// The default keyspace's state.
     fn default_space(&self) -> &std::sync::Arc<Space> {
         self.shared.catalog().default_space()

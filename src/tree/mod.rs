@@ -35,6 +35,7 @@
 mod admit;
 mod api;
 mod background;
+mod backup;
 mod batch;
 mod catalog;
 #[cfg(any(test, fuzzing, bfkv_internals))]

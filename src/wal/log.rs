@@ -476,6 +476,13 @@ impl Wal {
         Ok(())
     }
 
+    /// The paths of the log's segment files, oldest first (a backup copies them). Only
+    /// the last may still change: the others are complete and never written again.
+    pub(crate) fn segment_paths(&self) -> Vec<std::path::PathBuf> {
+        let w = self.shared.writer.lock();
+        w.segments.iter().map(|seg| seg.path.clone()).collect()
+    }
+
     /// The file layer the log (and the checkpoint beside it) lives on.
     pub(crate) fn fs(&self) -> &Arc<dyn LogFs> {
         &self.shared.fs
