@@ -289,7 +289,8 @@ impl Disk for FileDisk {
                     .zip(bufs.iter_mut())
                     .map(|(&p, b)| (p, b.as_mut_ptr(), b.len()));
                 // SAFETY: `bufs` is mutably borrowed for the whole call; `check` only sees a
-                // buffer once its request completed, through the slice `uring::run` passes.
+                // buffer once its request completed, through the slice `uring::run` passes;
+                // the buffers of abandoned requests are leaked below, never freed.
                 let result = unsafe { self.uring(super::uring::Dir::Read, reqs, check) };
                 result.map_err(|(e, held)| {
                     // The kernel may still write these: give the caller fresh buffers and

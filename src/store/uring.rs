@@ -162,7 +162,9 @@ fn transient(errno: i32) -> bool {
 /// Every request's `ptr` must be valid for `len` bytes of reads and (for `Dir::Read`)
 /// writes, and not otherwise accessed, until this returns (except through the slice passed
 /// to `check`); `fd` must stay open until then. After `Failure::Abandoned`, the buffers of
-/// the requests it lists must stay valid and untouched forever.
+/// the read requests it lists must never be freed or used again (the kernel may still write
+/// them); an abandoned write only reads its buffer, so reusing that is safe for the
+/// process, and only what the write may still put in the file is unknown.
 pub(super) unsafe fn run<E>(
     fd: RawFd,
     dir: Dir,
