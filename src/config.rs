@@ -13,6 +13,8 @@ pub(crate) const MAX_PAGE_SIZE: usize = 64 << 10;
 pub(crate) const DEFAULT_PAGE_SIZE: usize = 4 << 10;
 /// Default size of the `Buffered` log's staging ring (bytes; see [`Config::log_staging_size`]).
 pub(crate) const DEFAULT_LOG_STAGING_SIZE: usize = 8 << 20;
+/// Default log segment size (bytes; see [`Config::log_segment_size`]).
+pub(crate) const DEFAULT_LOG_SEGMENT_SIZE: u64 = 64 << 20;
 /// Default circular-buffer size (bytes).
 pub(crate) const DEFAULT_CACHE_SIZE: usize = 64 << 20;
 
@@ -134,7 +136,7 @@ impl Config {
             idle_write_back: Some(Duration::from_millis(50)),
             flush_interval: Duration::from_millis(5),
             checkpoint_log_bytes: 128 << 20,
-            log_segment_size: 64 << 20,
+            log_segment_size: DEFAULT_LOG_SEGMENT_SIZE,
             log_staging_size: DEFAULT_LOG_STAGING_SIZE,
         }
     }
@@ -375,7 +377,14 @@ impl Config {
     /// assert_eq!((limits.max_key_len, limits.max_record_len), (1024, 2048));
     /// ```
     pub fn limits(&self) -> Limits {
-        Limits::for_page_size(self.page_size)
+        Limits {
+            max_batch_len: max_batch_len(
+                self.cache_size,
+                self.log_segment_size,
+                self.log_staging_size,
+            ),
+            ..Limits::for_page_size(self.page_size)
+        }
     }
 
     /// Checks every setting; `Tree::open` calls this first.
@@ -458,6 +467,24 @@ pub struct Limits {
     /// Longest value, in bytes (with an empty key; a longer key leaves less, see
     /// [`Limits::check`]).
     pub max_value_len: usize,
+    /// Most bytes the writes of one [`Batch`](crate::Batch) may take, each counted as its
+    /// key and value plus at most 11 bytes ([`Batch::len_bytes`](crate::Batch::len_bytes)):
+    /// a quarter of the cache (the batch is applied in memory at once, every leaf it writes
+    /// locked together), at most what one log record holds (a segment, and half the
+    /// `Buffered` staging file). 1 MiB with a 4 MiB cache; 4 MiB with the defaults.
+    pub max_batch_len: usize,
+}
+
+/// The most bytes one batch may take (see [`Limits::max_batch_len`]).
+fn max_batch_len(cache_size: usize, segment_size: u64, staging_size: usize) -> usize {
+    // A record's own head (checksum, op byte, lengths) and the segment header.
+    let log_room = usize::try_from(segment_size.saturating_sub(128)).unwrap_or(usize::MAX);
+    let staged = if staging_size == 0 {
+        usize::MAX
+    } else {
+        staging_size / 2
+    };
+    (cache_size / 4).min(log_room).min(staged)
 }
 
 impl Limits {
@@ -473,6 +500,11 @@ impl Limits {
             max_key_len: (page_size / 4).min(8191 - MAX_KEY_PREFIX),
             max_record_len,
             max_value_len: max_record_len,
+            max_batch_len: max_batch_len(
+                DEFAULT_CACHE_SIZE,
+                DEFAULT_LOG_SEGMENT_SIZE,
+                DEFAULT_LOG_STAGING_SIZE,
+            ),
         }
     }
 
@@ -514,6 +546,7 @@ impl Limits {
             max_key_len: self.max_key_len + MAX_KEY_PREFIX,
             max_record_len: self.max_record_len + MAX_KEY_PREFIX,
             max_value_len: self.max_value_len,
+            max_batch_len: self.max_batch_len,
         }
         .check(key, value)
     }

@@ -88,6 +88,14 @@ pub enum Error {
         /// The dropped keyspace's name.
         name: String,
     },
+    /// A batch's writes, encoded, were longer than one batch may be
+    /// ([`Limits::max_batch_len`](crate::Limits::max_batch_len)); nothing was applied.
+    BatchTooLarge {
+        /// Bytes the batch's writes take.
+        len: usize,
+        /// The most a batch may take.
+        limit: usize,
+    },
 }
 
 impl Error {
@@ -198,6 +206,9 @@ impl fmt::Display for Error {
             Error::Closed => write!(f, "the tree was closed"),
             Error::KeyspaceDropped { name } => {
                 write!(f, "keyspace {name:?} was dropped")
+            }
+            Error::BatchTooLarge { len, limit } => {
+                write!(f, "batch of {len} bytes exceeds the limit of {limit} bytes")
             }
         }
     }

@@ -28,7 +28,7 @@ mod wal;
 
 pub use config::{Config, Durability, IoBackend, Limits};
 pub use error::{Error, Result};
-pub use tree::{Keyspace, Range, Stats, Tree};
+pub use tree::{Batch, Keyspace, Range, Stats, Tree};
 
 /// Entry points into the lower layers for the fuzz targets (`--cfg fuzzing`, set by `cargo
 /// fuzz`) and the layer benches (`--cfg bfkv_internals`). Not a

@@ -282,6 +282,50 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
                     None => model.remove(&k),
                 };
             }
+        } else if roll < 790 {
+            // An atomic batch over every keyspace: mostly a few writes, sometimes hundreds,
+            // now and then with an invalid write that must leave everything unchanged.
+            let n = if rng.gen_ratio(1, 10) {
+                rng.gen_range(50..400)
+            } else {
+                rng.gen_range(1..8)
+            };
+            let default = tree.default_keyspace();
+            let mut batch = tree.batch();
+            let mut writes: Vec<(usize, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            for _ in 0..n {
+                let t = rng.gen_range(0..=NAMED.len());
+                let ks = if t == 0 { &default } else { &spaces[t - 1] };
+                let k = key(&mut rng, space);
+                if rng.gen_ratio(3, 4) {
+                    let v = value(&mut rng);
+                    batch.insert(ks, &k, &v);
+                    writes.push((t, k, Some(v)));
+                } else {
+                    batch.remove(ks, &k);
+                    writes.push((t, k, None));
+                }
+            }
+            let invalid = rng.gen_ratio(1, 20);
+            if invalid {
+                let limit = tree.limits().max_key_len;
+                batch.insert(&default, vec![7u8; limit + 1], b"x");
+            }
+            let result = batch.commit();
+            if invalid {
+                assert!(
+                    matches!(result, Err(Error::KeyTooLarge { .. })),
+                    "seed {seed} op {op}: invalid batch: {result:?}"
+                );
+            } else {
+                result.unwrap_or_else(|e| panic!("seed {seed} op {op}: batch: {e}"));
+                for (t, k, v) in writes {
+                    match v {
+                        Some(v) => models[t].insert(k, v),
+                        None => models[t].remove(&k),
+                    };
+                }
+            }
         } else if roll < 960 {
             let k = key(&mut rng, space);
             let got = target

@@ -329,6 +329,25 @@ impl<'a> NodeRef<'a> {
         }
     }
 
+    /// Would upserts of all of `records` (key, value length) succeed one after another? A
+    /// bound that ignores what records already present give back: true only if each record
+    /// could be new.
+    pub(crate) fn fits_all<'k>(&self, records: impl IntoIterator<Item = (&'k [u8], usize)>) -> bool {
+        let mut need = 0usize;
+        for (key, value_len) in records {
+            let Ok(suffix) = self.strip_prefix(key) else {
+                return false;
+            };
+            if suffix.len() > super::layout::MAX_KEY_FIELD
+                || value_len > super::layout::MAX_VALUE_FIELD
+            {
+                return false;
+            }
+            need += META_SIZE + suffix.len() + value_len;
+        }
+        need <= self.free_space()
+    }
+
     /// Number of dirty records (insert, tombstone, upsert).
     pub(crate) fn dirty_count(&self) -> usize {
         (0..self.len())

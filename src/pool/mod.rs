@@ -33,6 +33,7 @@ mod stress_tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests;
 
+pub(crate) use alloc::NewBlock;
 pub(crate) use evict::{EvictGuard, Evicted};
 pub(crate) use free_list::my_shard;
 pub(crate) use guard::{ReadGuard, WriteGuard};

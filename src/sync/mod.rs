@@ -83,6 +83,54 @@ impl<T> Mutex<T> {
     }
 }
 
+/// A reader-writer lock without poisoning (see [`Mutex`]).
+#[derive(Debug, Default)]
+pub(crate) struct RwLock<T> {
+    #[cfg(not(shuttle))]
+    inner: parking_lot::RwLock<T>,
+    #[cfg(shuttle)]
+    inner: shuttle::sync::RwLock<T>,
+}
+
+/// Guard returned by [`RwLock::read`].
+#[cfg(not(shuttle))]
+pub(crate) type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+/// Guard returned by [`RwLock::read`].
+#[cfg(shuttle)]
+pub(crate) type RwLockReadGuard<'a, T> = shuttle::sync::RwLockReadGuard<'a, T>;
+/// Guard returned by [`RwLock::write`].
+#[cfg(not(shuttle))]
+pub(crate) type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
+/// Guard returned by [`RwLock::write`].
+#[cfg(shuttle)]
+pub(crate) type RwLockWriteGuard<'a, T> = shuttle::sync::RwLockWriteGuard<'a, T>;
+
+impl<T> RwLock<T> {
+    #[cfg(not(shuttle))]
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+        self.inner.read()
+    }
+
+    #[cfg(not(shuttle))]
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+        self.inner.write()
+    }
+
+    #[cfg(shuttle)]
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[cfg(shuttle)]
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Gives up the rest of this thread's time slice (a scheduling point under shuttle).
 pub(crate) fn yield_now() {
     #[cfg(not(shuttle))]

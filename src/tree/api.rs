@@ -170,6 +170,24 @@ impl Tree {
         Ok(Keyspace::new(self.shared.clone(), space))
     }
 
+    /// An empty [`Batch`](crate::Batch) of writes to this tree's keyspaces, applied all or
+    /// nothing by [`Batch::commit`](crate::Batch::commit).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let accounts = tree.keyspace("accounts")?;
+    /// accounts.insert(b"alice", 100u64.to_le_bytes())?;
+    /// let mut batch = tree.batch();
+    /// batch.insert(&accounts, b"alice", 60u64.to_le_bytes());
+    /// batch.insert(&accounts, b"bob", 40u64.to_le_bytes());
+    /// batch.commit()?;
+    /// assert_eq!(accounts.get(b"bob")?, Some(40u64.to_le_bytes().to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn batch(&self) -> crate::Batch {
+        crate::Batch::new(self.shared.clone())
+    }
+
     /// A handle on the default keyspace, the one the tree's own methods act on (so a batch
     /// can name it).
     ///

@@ -1,136 +1,194 @@
-//! A batch of leaf pages for a checkpoint pass or an idle write-back (`checkpoint.rs`): the
-//! leaves built and waiting for one `write_batch`, the pages read ahead with one
-//! `read_batch`, and spare buffers reused across batches.
+//! The public [`Batch`]: writes to any keyspaces of one tree, applied all or nothing
+//! (`commit.rs` applies them).
 
-use super::evict::Action;
-use super::storage::Storage;
-use crate::error::Result;
-use crate::node::NodeMut;
-use crate::pool::PageId;
-use crate::store::{PageBuf, PageStore};
+use super::commit::Write;
+use super::keyspace::{Keyspace, Space};
+use super::Shared;
+use crate::error::{Error, Result};
+use crate::sync::Arc;
 
-/// Leaves built by checkpoint write-backs, waiting to be written with one `write_batch`
-/// (`checkpoint.rs`). Page `pages[i]` gets `bufs[i]`; buffers beyond `pages.len()` are
-/// spares kept from earlier batches.
-#[derive(Default)]
-pub(super) struct PageBatch {
-    /// Built leaves, and spare buffers.
-    bufs: Vec<PageBuf>,
-    /// The allocated page of each built leaf.
-    pages: Vec<u64>,
-    /// Leaf pages read ahead with one `read_batch` (`checkpoint.rs`), for the merges of the
-    /// batch's mini-pages to start from instead of reading one page at a time.
-    images: Vec<Image>,
-    /// Page buffers no image or built leaf holds, reused so that a long pass does not
-    /// allocate two pages per leaf.
-    spare: Vec<PageBuf>,
+/// Writes to one or more keyspaces of a tree, applied together by [`Batch::commit`]: all or
+/// nothing, for concurrent readers (no `get`, `range` or `compare_and_swap` sees part of a
+/// batch) and after a crash (recovery finds a batch whole or not at all, in every
+/// durability mode).
+///
+/// Adding a write never fails; an invalid one (a key or value over the limits, a keyspace
+/// of another tree) makes `commit` return its error and apply nothing. Writes to the same
+/// key apply in the order they were added: the last one wins. A batch owns its data and can
+/// be built on one thread and committed on another. Its writes, encoded, may take up to
+/// [`Limits::max_batch_len`](crate::Limits::max_batch_len) bytes (see
+/// [`Batch::len_bytes`]): 4 MiB with the default configuration, so tens of thousands of
+/// small writes.
+///
+/// ```
+/// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+/// let users = tree.keyspace("users")?;
+/// let by_email = tree.keyspace("users_by_email")?;
+/// let mut batch = tree.batch();
+/// batch.insert(&users, b"42", b"ada@example.com");
+/// batch.insert(&by_email, b"ada@example.com", b"42");
+/// batch.remove(&by_email, b"ada@old.example.com");
+/// batch.commit()?;
+/// assert_eq!(by_email.get(b"ada@example.com")?, Some(b"42".to_vec()));
+/// # Ok::<(), bfkv::Error>(())
+/// ```
+pub struct Batch {
+    shared: std::sync::Arc<Shared>,
+    /// Stored keys (keyspace prefix in front) and values, in the order added.
+    writes: Vec<Write>,
+    /// The keyspaces written, each once: their gates are passed for the commit.
+    spaces: Vec<Arc<Space>>,
+    /// Bytes the writes take encoded (what [`Limits::max_batch_len`](crate::Limits) bounds).
+    len_bytes: usize,
+    /// The first invalid write's error.
+    error: Option<Error>,
 }
 
-/// A leaf's disk page, read ahead without its lock held. It is what the leaf's page holds
-/// only while the leaf's write token is still `token`: every write-back, split or removal
-/// changes the token, and a superseded page can be reused for other data.
-pub(super) struct Image {
-    /// The leaf.
-    pid: PageId,
-    /// The page read.
-    disk: u64,
-    /// The leaf's write token when `disk` was its page.
-    token: u64,
-    /// The page's bytes.
-    buf: PageBuf,
-}
-
-impl Image {
-    /// Leaf `pid`'s page `disk`, read into `buf` while its write token was `token`.
-    pub(super) fn new(pid: PageId, disk: u64, token: u64, buf: PageBuf) -> Image {
-        Image {
-            pid,
-            disk,
-            token,
-            buf,
+impl Batch {
+    /// An empty batch for the tree `shared`.
+    pub(crate) fn new(shared: std::sync::Arc<Shared>) -> Batch {
+        Batch {
+            shared,
+            writes: Vec::new(),
+            spaces: Vec::new(),
+            len_bytes: 0,
+            error: None,
         }
     }
-}
 
-impl PageBatch {
-    /// Drops the read-ahead images of leaf `pid` unless its write token is still `token`.
-    /// The caller holds the leaf's lock, so a kept image stays valid until it is released.
-    pub(super) fn keep_images_if(&mut self, pid: PageId, token: u64) {
-        self.images.retain(|i| i.pid != pid || i.token == token);
+    /// Adds an insert of `key` → `value` into `keyspace` (replacing any previous value).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let mut batch = tree.batch();
+    /// batch.insert(&tree.default_keyspace(), b"k", b"v");
+    /// batch.commit()?;
+    /// assert_eq!(tree.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn insert(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.add(keyspace, key.as_ref(), Some(value.as_ref()));
     }
 
-    /// A page buffer from the spares, or a new one.
-    pub(super) fn spare_buf(&mut self, page_size: usize) -> PageBuf {
-        self.spare.pop().unwrap_or_else(|| PageBuf::new(page_size))
+    /// Adds a removal of `key` from `keyspace` (nothing happens to an absent key).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"k", b"v")?;
+    /// let mut batch = tree.batch();
+    /// batch.remove(&tree.default_keyspace(), b"k");
+    /// batch.commit()?;
+    /// assert_eq!(tree.get(b"k")?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn remove(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>) {
+        self.add(keyspace, key.as_ref(), None);
     }
 
-    /// Returns the buffers of the images no merge took to the spares.
-    pub(super) fn recycle_images(&mut self) {
-        let images = std::mem::take(&mut self.images);
-        self.spare.extend(images.into_iter().map(|i| i.buf));
+    /// The number of writes added.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let mut batch = tree.batch();
+    /// assert!(batch.is_empty());
+    /// batch.remove(&tree.default_keyspace(), b"k");
+    /// assert_eq!(batch.len(), 1);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.writes.len()
     }
 
-    /// Adds pages read ahead (after dropping the images no merge took).
-    pub(super) fn set_images(&mut self, images: impl IntoIterator<Item = Image>) {
-        self.recycle_images();
-        self.images.extend(images);
+    /// Whether no write was added.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
     }
 
-    /// Keeps `bufs` as spare buffers.
-    pub(super) fn give_spare(&mut self, bufs: impl IntoIterator<Item = PageBuf>) {
-        self.spare.extend(bufs);
+    /// The bytes the writes take as the batch's log record, which
+    /// [`Limits::max_batch_len`](crate::Limits::max_batch_len) bounds: each write's key and
+    /// value, its keyspace's prefix (1 byte for the default keyspace and the first 239
+    /// named ones, up to 5) and 3 to 11 bytes of kind and lengths. Writes the commit
+    /// collapses (a key written twice) still count here.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let mut batch = tree.batch();
+    /// batch.insert(&tree.default_keyspace(), [0u8; 16], [0u8; 16]);
+    /// assert_eq!(batch.len_bytes(), 1 + 1 + 1 + 17 + 16);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
     }
 
-    /// Leaves built and not yet written.
-    pub(super) fn staged_len(&self) -> usize {
-        self.pages.len()
-    }
-
-    /// Writes the built leaves with one `write_batch`. On failure they stay staged, for
-    /// `abandon` to free their pages.
+    /// Applies every write, all or nothing, and waits for durability like a single write.
     ///
     /// # Errors
-    /// `Io` from the store.
-    pub(super) fn write_out(&mut self, store: &dyn PageStore) -> Result<()> {
-        let n = self.pages.len();
-        store.write_batch(&self.pages, &mut self.bufs[..n])?;
-        self.pages.clear();
+    /// The first invalid write's error ([`Error::KeyTooLarge`], [`Error::ValueTooLarge`],
+    /// [`Error::InvalidConfig`] for a keyspace of another tree); [`Error::BatchTooLarge`]
+    /// past the limit; [`Error::KeyspaceDropped`] or [`Error::Closed`]; [`Error::Io`] or
+    /// [`Error::Corruption`] from a leaf the batch had to read, or [`Error::CacheFull`]
+    /// for an in-memory tree without room: then nothing was applied. A failure of the log
+    /// ([`Error::Io`]) leaves the tree refusing every call until it is reopened, which
+    /// finds the batch whole or not at all.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let limit = tree.limits().max_key_len;
+    /// let mut batch = tree.batch();
+    /// batch.insert(&tree.default_keyspace(), b"fine", b"v");
+    /// batch.insert(&tree.default_keyspace(), vec![0u8; limit + 1], b"v");
+    /// assert!(matches!(batch.commit(), Err(bfkv::Error::KeyTooLarge { .. })));
+    /// assert_eq!(tree.get(b"fine")?, None, "nothing applied");
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn commit(self) -> Result<()> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        // A drop or close waits until the batch is through, or the batch is refused.
+        let _inside = self
+            .spaces
+            .iter()
+            .map(|s| s.enter())
+            .collect::<Result<Vec<_>>>()?;
+        self.shared.commit_batch(self.writes)?;
+        self.shared.after_write();
         Ok(())
     }
 
-    /// Gives up on the built leaves: frees their pages in `storage`.
-    pub(super) fn abandon(&mut self, storage: &Storage) {
-        for p in self.pages.drain(..) {
-            storage.free(p);
+    /// Adds one write, or notes why it is invalid.
+    fn add(&mut self, keyspace: &Keyspace, key: &[u8], value: Option<&[u8]>) {
+        if self.error.is_some() {
+            return;
         }
-    }
-
-    /// Takes the read-ahead image of leaf `pid`'s disk page `disk`, if there is one.
-    pub(super) fn take_image(&mut self, pid: PageId, disk: u64) -> Option<PageBuf> {
-        let i = self
-            .images
-            .iter()
-            .position(|i| i.pid == pid && i.disk == disk)?;
-        Some(self.images.swap_remove(i).buf)
-    }
-
-    /// The buffer the next leaf is built in: still free until `stage` claims it.
-    pub(super) fn next_buf(&mut self, page_size: usize) -> &mut PageBuf {
-        let i = self.pages.len();
-        if self.bufs.len() == i {
-            let buf = self.spare_buf(page_size);
-            self.bufs.push(buf);
+        let (shared, space) = keyspace.parts();
+        if !std::sync::Arc::ptr_eq(shared, &self.shared) {
+            self.error = Some(Error::InvalidConfig {
+                reason: "a batch names a keyspace of another tree",
+            });
+            return;
         }
-        &mut self.bufs[i]
+        if let Err(e) = self.shared.limits().check(key, value.unwrap_or_default()) {
+            self.error = Some(e);
+            return;
+        }
+        if !self.spaces.iter().any(|s| Arc::ptr_eq(s, space)) {
+            self.spaces.push(space.clone());
+        }
+        let key = space.prefix().key(key).to_vec();
+        self.len_bytes +=
+            crate::wal::batch_write_len(key.len(), value.map_or(0, <[u8]>::len)) as usize;
+        self.writes.push((key, value.map(<[u8]>::to_vec)));
     }
+}
 
-    /// Claims the buffer `next_buf` returned, now holding the leaf that lived in page `old`:
-    /// allocates the leaf's new page and stamps it into the leaf.
-    pub(super) fn stage(&mut self, store: &dyn PageStore, old: Option<u64>) -> Result<Action> {
-        let new = store.allocate()?;
-        let i = self.pages.len();
-        NodeMut::from_bytes(&mut self.bufs[i]).set_disk_page(Some(new));
-        self.pages.push(new);
-        Ok(Action::Staged { old, new })
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("writes", &self.writes.len())
+            .field("len_bytes", &self.len_bytes)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
     }
 }

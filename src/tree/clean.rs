@@ -14,7 +14,7 @@
 //! on many pages at once instead of the one in flight per evictor. It stops between batches
 //! as soon as `idle` says writes resumed, and the next pass goes on from where it stopped.
 
-use super::batch::PageBatch;
+use super::page_batch::PageBatch;
 use super::Shared;
 use crate::error::Result;
 use crate::pool::PageId;

@@ -5,7 +5,7 @@
 //! the last checkpoint references (see `persist.rs`), so a crash at any moment leaves the
 //! last checkpoint intact.
 
-use super::batch::PageBatch;
+use super::page_batch::PageBatch;
 use super::index::SmoGuard;
 use super::inner::{Entry, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};

@@ -75,6 +75,31 @@ impl Index {
         }
     }
 
+    /// As [`Index::write_leaf`], unless the leaf that owns `key` is `held`, which the caller
+    /// has locked already (then `None`: a held leaf's range only grows, so it owns `key`
+    /// for as long as the caller holds it).
+    pub(crate) fn write_leaf_unless<'g>(
+        &self,
+        pool: &'g BufferPool,
+        guard: &'g sync::EpochGuard,
+        key: &[u8],
+        held: PageId,
+    ) -> Option<(Path<'g>, WriteGuard<'g>)> {
+        loop {
+            let version = self.version.load(Ordering::Acquire);
+            let path = Path::descend(self.root.load(guard), Seek::Key(key));
+            if path.leaf() == held {
+                return None;
+            }
+            let page = pool.write(path.leaf());
+            if self.version.load(Ordering::Acquire) == version {
+                return Some((path, page));
+            }
+            drop(page);
+            sync::spin_hint();
+        }
+    }
+
     /// The path to the leaf that owns `seek` now. Stable only while the caller holds that
     /// leaf's lock (or the structure lock).
     pub(crate) fn descend<'g>(&self, guard: &'g sync::EpochGuard, seek: Seek<'_>) -> Path<'g> {

@@ -66,6 +66,18 @@ impl Journal {
         wal.append(record).map(Some)
     }
 
+    /// Appends the record of an atomic batch whose encoded writes are `body` (if writes are
+    /// logged); the caller holds the lock of every leaf the batch writes.
+    ///
+    /// # Errors
+    /// `Io` if the log cannot take the record; `BatchTooLarge` if it exceeds a segment.
+    pub(crate) fn append_batch(&self, body: &[u8]) -> Result<Option<Appended>> {
+        let Some(wal) = self.wal.as_ref().filter(|_| self.log_writes) else {
+            return Ok(None);
+        };
+        wal.append(LogOp::Batch { body }).map(Some)
+    }
+
     /// Fails if the log failed since open (`Wal::check`): the tree holds writes that were
     /// refused, so it must answer nothing until it is reopened.
     ///
@@ -90,20 +102,31 @@ impl Journal {
         }
     }
 
-    /// Replays the log from the last checkpoint's LSN, calling `apply` for each write.
+    /// Replays the log from the last checkpoint's LSN, calling `apply` for each write, the
+    /// writes of a batch one after another (nobody else runs during replay, and the batch's
+    /// record is whole: its writes all apply). `apply` gets `Err(reason)` for a batch record
+    /// whose writes do not decode.
     ///
     /// # Errors
     /// `Corruption` for damage before the log's tail, or `apply`'s error.
     pub(crate) fn replay(
         &self,
-        mut apply: impl FnMut(&[u8], WriteOp<'_>) -> Result<()>,
+        mut apply: impl FnMut(std::result::Result<(&[u8], WriteOp<'_>), &'static str>) -> Result<()>,
     ) -> Result<ReplayStats> {
         let Some(wal) = &self.wal else {
             return Ok(ReplayStats::default());
         };
         wal.replay(self.checkpoint_lsn(), |_, op| match op {
-            LogOp::Insert { key, value } => apply(key, WriteOp::Put(value)),
-            LogOp::Remove { key } => apply(key, WriteOp::Delete),
+            LogOp::Insert { key, value } => apply(Ok((key, WriteOp::Put(value)))),
+            LogOp::Remove { key } => apply(Ok((key, WriteOp::Delete))),
+            LogOp::Batch { body } => {
+                for write in crate::wal::batch_writes(body) {
+                    apply(write.map(|(key, value)| {
+                        (key, value.map_or(WriteOp::Delete, WriteOp::Put))
+                    }))?;
+                }
+                Ok(())
+            }
         })
     }
 

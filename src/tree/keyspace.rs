@@ -327,6 +327,11 @@ impl Keyspace {
         Keyspace { shared, space }
     }
 
+    /// The tree and the keyspace this handle names.
+    pub(crate) fn parts(&self) -> (&std::sync::Arc<Shared>, &Arc<Space>) {
+        (&self.shared, &self.space)
+    }
+
     /// The keyspace's name (empty for the default keyspace).
     ///
     /// ```

@@ -21,7 +21,7 @@ use crate::store::PageBuf;
 
 /// Bytes a mini-page needs beyond its one record: header, two fence metas, fence stubs
 /// (prefix + 2 bytes, of which the prefix also shortens the key), one record meta.
-const MINI_OVERHEAD: usize = node::HEADER_SIZE + 16 + 2 + 8;
+pub(super) const MINI_OVERHEAD: usize = node::HEADER_SIZE + 16 + 2 + 8;
 
 thread_local! {
     static PAGE_BUF: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
@@ -80,7 +80,7 @@ pub(crate) fn live_records(node: NodeRef<'_>) -> Vec<Record> {
 }
 
 /// Applies a write to sorted records.
-fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
+pub(super) fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
     let at = records.binary_search_by(|r| r.key.as_slice().cmp(key));
     match (op, at) {
         (WriteOp::Put(v), Ok(i)) => {

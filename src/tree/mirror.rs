@@ -109,7 +109,7 @@ impl Shared {
 
     /// Installs `records`, cut into `groups`, as this leaf (the first group) and new leaves
     /// (the others), all full-page mirrors, and publishes the new separators.
-    fn split_into<'p>(
+    pub(super) fn split_into<'p>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,

@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | index | `index.rs`, `inner.rs` | the inner nodes (RCU root), the structure lock and version | `Index::read_leaf` / `write_leaf` (locate and lock a leaf), `try_smo` / `lock_smo`, `Shared::publish` (a split or removal) |
 //! | leaf cache | `pool/` (the buffer and mapping table), `leaf.rs`, `mirror.rs`, `admit.rs` | mini-pages and full-page mirrors, what a miss caches | `Shared::get_in_leaf`, `write_in_leaf`, `copy_to_tail` |
-//! | write-back and eviction | `evict.rs`, `batch.rs`, `checkpoint.rs`, `clean.rs` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
+//! | write-back and eviction | `evict.rs`, `page_batch.rs`, `checkpoint.rs`, `clean.rs` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
 //! | storage | `storage.rs`, `pages.rs` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
 //! | journal | `journal.rs` | the write-ahead log, the checkpoint LSN | `Journal::append` (under the leaf lock), `commit`, `replay` |
 //! | persistence | `persist.rs` | open, recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
@@ -37,7 +37,9 @@ mod api;
 mod background;
 mod backup;
 mod batch;
+mod page_batch;
 mod catalog;
+mod commit;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
 #[cfg(any(test, fuzzing, bfkv_internals))]
@@ -59,6 +61,7 @@ mod pages;
 mod persist;
 #[cfg(all(test, not(shuttle)))]
 mod power_tests;
+mod rewind;
 mod scan;
 mod shared;
 #[cfg(all(test, shuttle))]
@@ -69,6 +72,7 @@ mod storage;
 mod tests;
 
 pub use api::Tree;
+pub use batch::Batch;
 #[cfg(any(fuzzing, bfkv_internals))]
 pub use census::Census;
 pub use keyspace::Keyspace;

@@ -316,6 +316,9 @@ impl Shared {
         // Every write below this LSN was applied before it was logged, so the leaves written
         // below hold it; replay after a crash starts here.
         let lsn = wal.next_lsn();
+        // Without a log to replay, the leaves written below must not catch a batch
+        // half-applied: batches wait until the snapshot is taken (`rewind.rs`).
+        let batches_held = (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
         self.storage().pages().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
@@ -338,6 +341,7 @@ impl Shared {
                     .corruption(None, "leaf without a disk page at checkpoint")
             })?
         };
+        drop(batches_held);
         // The pages hold every write applied before their leaf was written, some logged
         // after `lsn`: their records must be durable before the checkpoint makes those
         // writes permanent, or a log failure could refuse a write the checkpoint kept.

@@ -63,6 +63,9 @@ pub struct Range<'t> {
     front_done: bool,
     back_done: bool,
     finished: bool,
+    /// The last batch number when the scan started: later batches are kept out of what it
+    /// yields (`rewind.rs`).
+    start: u64,
 }
 
 /// Whether `key` is at or past the end bound `end` (going up).
@@ -112,6 +115,7 @@ impl<'t> Range<'t> {
             front_done: empty,
             back_done: empty,
             finished: empty,
+            start: tree.rewind().begin_scan(),
         }
     }
 
@@ -127,10 +131,21 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = Vec::new();
             let has_high = path.high_into(&mut high);
-            let items = self
+            let mut items = self
                 .tree
                 .collect_leaf(&path, page, &self.front, &self.upper)?;
             self.tree.journal().check()?;
+            if self.tree.rewind().batched_since(self.start) {
+                // This leaf's part of the range: from the front to its high bound.
+                let end = if has_high && !past_end(&self.upper, &high) {
+                    Bound::Excluded(high.clone())
+                } else {
+                    self.upper.clone()
+                };
+                self.tree
+                    .rewind()
+                    .rewind(self.start, &mut items, &self.front, &end);
+            }
             // Making the leaf a full-page mirror may have taken room.
             self.tree.nudge_evictors();
             if !has_high || past_end(&self.upper, &high) {
@@ -156,10 +171,21 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut low = Vec::new();
             let has_low = path.low_into(&mut low);
-            let items = self
+            let mut items = self
                 .tree
                 .collect_leaf(&path, page, &self.lower, &self.back)?;
             self.tree.journal().check()?;
+            if self.tree.rewind().batched_since(self.start) {
+                // This leaf's part of the range: from its low bound to the back.
+                let start = if has_low && !at_or_below_start(&self.lower, &low) {
+                    Bound::Included(low.clone())
+                } else {
+                    self.lower.clone()
+                };
+                self.tree
+                    .rewind()
+                    .rewind(self.start, &mut items, &start, &self.back);
+            }
             self.tree.nudge_evictors();
             if !has_low || at_or_below_start(&self.lower, &low) {
                 self.back_done = true;
@@ -234,6 +260,12 @@ impl DoubleEndedIterator for Range<'_> {
 }
 
 impl std::iter::FusedIterator for Range<'_> {}
+
+impl Drop for Range<'_> {
+    fn drop(&mut self) {
+        self.tree.rewind().end_scan(self.start);
+    }
+}
 
 /// The records of a node between `start` and `end`, with their kinds, ascending.
 fn node_slice(

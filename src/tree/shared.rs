@@ -12,6 +12,7 @@ use super::inner::{Entry, Inner, Seek};
 use super::journal::Journal;
 use super::leaf::Written;
 use super::persist::DirLock;
+use super::rewind::Rewind;
 use super::stats::{Counters, Event};
 use super::storage::Storage;
 use super::{Restart, Step, WriteOp, NO_PAGE};
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     dir: Option<DirLock>,
     /// The keyspaces (`catalog.rs`).
     catalog: Catalog,
+    /// The batch sequence and what scans need of it (`rewind.rs`).
+    rewind: Rewind,
 }
 
 impl Shared {
@@ -78,6 +81,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             dir,
             catalog: Catalog::new(),
+            rewind: Rewind::default(),
         }
     }
 
@@ -155,6 +159,12 @@ impl Shared {
     #[inline]
     pub(crate) fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    /// The batch sequence and the undo scans may need.
+    #[inline]
+    pub(crate) fn rewind(&self) -> &Rewind {
+        &self.rewind
     }
 
     /// The evictor threads' doorbell.
@@ -316,14 +326,16 @@ impl Shared {
 
     /// Replays the log from the last checkpoint (recovery), before anyone else can write.
     pub(crate) fn replay_log(&self) -> Result<()> {
-        let stats = self.journal.replay(|key, op| {
+        let dir = self.config.dir.clone().unwrap_or_default();
+        let stats = self.journal.replay(|write| {
+            let (key, op) =
+                write.map_err(|reason| Error::corruption(dir.join("wal"), None, reason))?;
             let value = match op {
                 WriteOp::Put(value) => value,
                 WriteOp::Delete => &[],
             };
             // The tree never logs what it would refuse; applying it could not end.
             if self.limits.check_stored(key, value).is_err() {
-                let dir = self.config.dir.clone().unwrap_or_default();
                 return Err(Error::corruption(
                     dir.join("wal"),
                     None,

@@ -50,6 +50,8 @@ pub struct Stats {
     /// buffer full; the evictor threads made the rest. Many of these mean the evictors do not
     /// keep up (see [`Config::evictor_threads`](crate::Config::evictor_threads)).
     pub foreground_evictions: u64,
+    /// Atomic batches applied ([`Batch::commit`](crate::Batch::commit)).
+    pub batches: u64,
     /// Pages read from the data file.
     pub pages_read: u64,
     /// Pages written to the data file.
@@ -121,6 +123,8 @@ pub(crate) enum Event {
     Checkpoint,
     /// An eviction made by an operation that found the buffer full.
     ForegroundEviction,
+    /// An atomic batch applied.
+    Batch,
 }
 
 /// The live counters behind [`Stats`]: relaxed atomics, bumped through [`Counters::count`].
@@ -140,6 +144,7 @@ pub(crate) struct Counters {
     checkpoints: AtomicU64,
     replayed: AtomicU64,
     foreground_evictions: AtomicU64,
+    batches: AtomicU64,
 }
 
 impl Counters {
@@ -162,8 +167,14 @@ impl Counters {
             Event::Salvage => &self.leaves_salvaged,
             Event::Checkpoint => &self.checkpoints,
             Event::ForegroundEviction => &self.foreground_evictions,
+            Event::Batch => &self.batches,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `n` writes applied at once (a batch's).
+    pub(crate) fn writes(&self, n: u64) {
+        self.hot().writes_buffered.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts `n` log records replayed at open.
@@ -212,6 +223,7 @@ impl Shared {
             leaves_salvaged: get(&c.leaves_salvaged),
             evictions: self.pool().stats().evictions,
             foreground_evictions: get(&c.foreground_evictions),
+            batches: get(&c.batches),
             pages_read: store.reads,
             pages_written: store.writes,
             data_syncs: store.syncs,

@@ -31,12 +31,21 @@ pub(crate) const MAX_SEGMENT_SIZE: u64 = 1 << 32;
 const OP_INSERT: u8 = 1;
 /// Op byte of a remove record.
 const OP_REMOVE: u8 = 2;
+/// Op byte of an atomic batch: an empty key and, as the value, the batch's writes one after
+/// another (`encode_batch_write`). One checksum covers them all, so recovery finds the
+/// batch whole or cuts it with the torn tail.
+const OP_BATCH: u8 = 3;
+/// Kind byte of an insert inside a batch record.
+const BATCH_PUT: u8 = 1;
+/// Kind byte of a remove inside a batch record.
+const BATCH_REMOVE: u8 = 2;
 
 /// Bytes the record for `op` takes in the log; also how far it advances the LSN.
 pub(crate) fn record_len(op: &LogOp<'_>) -> u64 {
     let (k, v) = match op {
         LogOp::Insert { key, value } => (key.len() as u64, value.len() as u64),
         LogOp::Remove { key } => (key.len() as u64, 0),
+        LogOp::Batch { body } => (0, body.len() as u64),
     };
     RECORD_FIXED + varint_len(k) + varint_len(v) + k + v
 }
@@ -82,6 +91,73 @@ fn put_varint(out: &mut [u8], mut n: u64) -> usize {
     i + 1
 }
 
+/// Bytes one write takes inside a batch record: kind, two lengths, key, value.
+pub(crate) fn batch_write_len(key_len: usize, value_len: usize) -> u64 {
+    let (k, v) = (key_len as u64, value_len as u64);
+    1 + varint_len(k) + varint_len(v) + k + v
+}
+
+/// Appends one write of a batch to `body`: an insert of `value`, or a remove (`None`).
+pub(crate) fn encode_batch_write(body: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
+    let mut head = [0u8; 1 + 2 * MAX_VARINT as usize];
+    head[0] = if value.is_some() {
+        BATCH_PUT
+    } else {
+        BATCH_REMOVE
+    };
+    let v = value.unwrap_or_default();
+    let mut n = 1;
+    n += put_varint(&mut head[n..], key.len() as u64);
+    n += put_varint(&mut head[n..], v.len() as u64);
+    body.extend_from_slice(&head[..n]);
+    body.extend_from_slice(key);
+    body.extend_from_slice(v);
+}
+
+/// The writes of a batch record's body, in order: key and value (`None`: a remove). An item
+/// is `Err` (and the last) where the body does not decode; a body the writer encoded always
+/// does, and the record checksum keeps damage out, so that means a writer bug.
+pub(crate) fn batch_writes(body: &[u8]) -> BatchWrites<'_> {
+    BatchWrites { rest: body }
+}
+
+/// Iterator returned by [`batch_writes`].
+pub(crate) struct BatchWrites<'a> {
+    rest: &'a [u8],
+}
+
+/// One decoded write of a batch: key, and value or `None` for a remove.
+pub(crate) type BatchWrite<'a> = (&'a [u8], Option<&'a [u8]>);
+
+impl<'a> Iterator for BatchWrites<'a> {
+    type Item = std::result::Result<BatchWrite<'a>, &'static str>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (&kind, after) = self.rest.split_first()?;
+        let decoded = get_lengths(after).and_then(|(k, v, n)| {
+            let (k, v) = (k as usize, v as usize);
+            let data = after.get(n..n + k + v)?;
+            let (key, value) = data.split_at(k);
+            let value = match kind {
+                BATCH_PUT => Some(value),
+                BATCH_REMOVE if v == 0 => None,
+                _ => return None,
+            };
+            Some(((key, value), n + k + v))
+        });
+        match decoded {
+            Some((write, used)) => {
+                self.rest = &after[used..];
+                Some(Ok(write))
+            }
+            None => {
+                self.rest = &[];
+                Some(Err("malformed write inside a batch record"))
+            }
+        }
+    }
+}
+
 /// Appends the record for `op` at `lsn` to `out`. The caller checked that the key and value
 /// lengths fit in `u32` (they are bounded by the segment size).
 pub(crate) fn encode_record(out: &mut Vec<u8>, lsn: Lsn, op: &LogOp<'_>) {
@@ -97,6 +173,7 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
     let (code, key, value): (u8, &[u8], &[u8]) = match op {
         LogOp::Insert { key, value } => (OP_INSERT, key, value),
         LogOp::Remove { key } => (OP_REMOVE, key, &[]),
+        LogOp::Batch { body } => (OP_BATCH, &[], body),
     };
     debug_assert_eq!(out.len() as u64, record_len(op));
     // The operation and lengths are put together on the stack and everything is checksummed
@@ -362,6 +439,7 @@ pub(crate) fn scan_records<R: Read>(
         let op = match head[4] {
             OP_INSERT => LogOp::Insert { key, value },
             OP_REMOVE if vlen == 0 => LogOp::Remove { key },
+            OP_BATCH if klen == 0 => LogOp::Batch { body: value },
             _ => return Ok(scan.torn("unknown record operation")),
         };
         visit(scan.end_lsn, op)?;
@@ -429,6 +507,8 @@ mod tests {
             seen.push(match op {
                 LogOp::Insert { key, value } => (lsn, key.to_vec(), Some(value.to_vec())),
                 LogOp::Remove { key } => (lsn, key.to_vec(), None),
+                // A batch's body stands in for its key (only the batch test writes them).
+                LogOp::Batch { body } => (lsn, body.to_vec(), Some(b"batch".to_vec())),
             });
             Ok(())
         })
@@ -460,8 +540,46 @@ mod tests {
                     assert_eq!((key.as_slice(), value.as_deref()), (*k, Some(*v)));
                 }
                 LogOp::Remove { key: k } => assert_eq!((key.as_slice(), value), (*k, &None)),
+                LogOp::Batch { .. } => panic!("no batch was written"),
             }
         }
+    }
+
+    #[test]
+    fn a_batch_record_holds_its_writes_whole() {
+        let mut body = Vec::new();
+        let writes: [(&[u8], Option<&[u8]>); 4] = [
+            (b"a", Some(b"1")),
+            (b"", None),
+            (&[9; 200], Some(&[8; 300])),
+            (b"z", Some(b"")),
+        ];
+        for (k, v) in writes {
+            encode_batch_write(&mut body, k, v);
+        }
+        let expected_len: u64 = writes
+            .iter()
+            .map(|(k, v)| batch_write_len(k.len(), v.map_or(0, <[u8]>::len)))
+            .sum();
+        assert_eq!(body.len() as u64, expected_len);
+        let decoded: Vec<_> = batch_writes(&body).collect::<Result<_, _>>().unwrap();
+        assert_eq!(decoded, writes);
+        let op = LogOp::Batch { body: &body };
+        let (header, bytes) = segment(77, &[op], 4096);
+        let (scan, seen) = read_all(&header, &bytes);
+        assert_eq!((scan.tail, seen.len()), (Tail::Clean, 1));
+        assert_eq!(seen[0].1, body);
+        // Cut anywhere, the record is gone whole: no write of it is read.
+        for cut in 1..record_len(&op) as usize {
+            let mut torn = bytes.clone();
+            torn.truncate(HEADER_SIZE as usize + cut);
+            assert!(read_all(&header, &torn).1.is_empty(), "cut at {cut}");
+        }
+        // A body that does not decode says so instead of inventing writes.
+        let mut bad = body.clone();
+        bad[0] = 7;
+        assert!(batch_writes(&bad).next().unwrap().is_err());
+        assert!(batch_writes(&body[..body.len() - 1]).any(|w| w.is_err()));
     }
 
     #[test]

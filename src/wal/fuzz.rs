@@ -7,8 +7,22 @@ use std::path::Path;
 use super::format::{self, SegmentHeader, HEADER_SIZE};
 use super::{LogOp, Lsn};
 
-/// An owned decoded record: LSN, insert (true) or remove, key, value.
-type Owned = (Lsn, bool, Vec<u8>, Vec<u8>);
+/// An owned decoded record: LSN, kind (`INSERT`, `REMOVE`, `BATCH`), key, value (a batch's
+/// body).
+type Owned = (Lsn, u8, Vec<u8>, Vec<u8>);
+
+const INSERT: u8 = 0;
+const REMOVE: u8 = 1;
+const BATCH: u8 = 2;
+
+/// The operation an owned record stands for.
+fn op_of<'a>(kind: u8, key: &'a [u8], value: &'a [u8]) -> LogOp<'a> {
+    match kind {
+        INSERT => LogOp::Insert { key, value },
+        REMOVE => LogOp::Remove { key },
+        _ => LogOp::Batch { body: value },
+    }
+}
 
 /// Decodes fuzz input as a log segment and checks what the decoder returns. Panics on any
 /// inconsistency.
@@ -41,22 +55,24 @@ fn check_raw(bytes: &[u8]) -> Vec<Owned> {
     let mut records = Vec::new();
     let scan = format::scan_records(&mut r, &header, path, |lsn, op| {
         records.push(match op {
-            LogOp::Insert { key, value } => (lsn, true, key.to_vec(), value.to_vec()),
-            LogOp::Remove { key } => (lsn, false, key.to_vec(), Vec::new()),
+            LogOp::Insert { key, value } => (lsn, INSERT, key.to_vec(), value.to_vec()),
+            LogOp::Remove { key } => (lsn, REMOVE, key.to_vec(), Vec::new()),
+            LogOp::Batch { body } => {
+                // Whatever the body holds, reading it ends without a panic.
+                let writes = format::batch_writes(body).count();
+                assert!(writes <= body.len(), "each write takes at least a byte");
+                (lsn, BATCH, Vec::new(), body.to_vec())
+            }
         });
         Ok(())
     })
     .unwrap_or_else(|e| panic!("a slice reader cannot fail: {e}"));
     let mut at = HEADER_SIZE as usize;
     let mut lsn = header.first_lsn;
-    for (rec_lsn, insert, key, value) in &records {
+    for (rec_lsn, kind, key, value) in &records {
         assert_eq!(*rec_lsn, lsn, "records are contiguous in LSN");
         let mut enc = Vec::new();
-        let op = if *insert {
-            LogOp::Insert { key, value }
-        } else {
-            LogOp::Remove { key }
-        };
+        let op = op_of(*kind, key, value);
         format::encode_record(&mut enc, lsn, &op);
         assert_eq!(
             &bytes[at..at + enc.len()],
@@ -97,24 +113,28 @@ fn check_model(input: &[u8]) {
         let b = next();
         let klen = usize::from(b & 0x1f);
         let vlen = usize::from(next() % 64);
-        let insert = b & 0x80 == 0;
+        let kind = match b >> 6 {
+            0 | 1 => INSERT,
+            2 => REMOVE,
+            _ => BATCH,
+        };
         let key: Vec<u8> = (0..klen).map(|j| (i * 31 + j) as u8).collect();
-        let value: Vec<u8> = if insert {
-            (0..vlen).map(|j| (i * 7 + j * 3) as u8).collect()
-        } else {
-            Vec::new()
-        };
-        let op = if insert {
-            LogOp::Insert {
-                key: &key,
-                value: &value,
+        let value: Vec<u8> = match kind {
+            INSERT => (0..vlen).map(|j| (i * 7 + j * 3) as u8).collect(),
+            REMOVE => Vec::new(),
+            // A batch of a remove of `key` and an insert of a `vlen`-byte value.
+            _ => {
+                let v: Vec<u8> = (0..vlen).map(|j| (i * 5 + j) as u8).collect();
+                let mut body = Vec::new();
+                format::encode_batch_write(&mut body, &key, None);
+                format::encode_batch_write(&mut body, &v, Some(&key));
+                body
             }
-        } else {
-            LogOp::Remove { key: &key }
         };
+        let key = if kind == BATCH { Vec::new() } else { key };
         let before = seg.len();
-        format::encode_record(&mut seg, lsn, &op);
-        records.push((lsn, insert, key.clone(), value.clone()));
+        format::encode_record(&mut seg, lsn, &op_of(kind, &key, &value));
+        records.push((lsn, kind, key.clone(), value.clone()));
         lsn += (seg.len() - before) as u64;
     }
     let garbage: Vec<u8> = it.collect();
@@ -141,12 +161,8 @@ fn check_model(input: &[u8]) {
     let decoded = check_raw(&seg);
     let intact = records
         .iter()
-        .filter(|(l, insert, k, v)| {
-            let len = format::record_len(&if *insert {
-                LogOp::Insert { key: k, value: v }
-            } else {
-                LogOp::Remove { key: k }
-            });
+        .filter(|(l, kind, k, v)| {
+            let len = format::record_len(&op_of(*kind, k, v));
             HEADER_SIZE + (l - first_lsn) + len <= at as u64
         })
         .count();

@@ -357,6 +357,12 @@ impl Wal {
             let (key, value_len) = match op {
                 LogOp::Insert { key, value } => (key, value.len()),
                 LogOp::Remove { key } => (key, 0),
+                LogOp::Batch { body } => {
+                    return Err(Error::BatchTooLarge {
+                        len: body.len(),
+                        limit: format::max_value_len(room, 0).unwrap_or(0) as usize,
+                    })
+                }
             };
             return Err(match format::max_value_len(room, key.len() as u64) {
                 Some(limit) => Error::ValueTooLarge {

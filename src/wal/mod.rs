@@ -99,6 +99,7 @@ mod tests_crash;
 
 #[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
+pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write};
 pub(crate) use log::Wal;
 
 /// A log sequence number: the logical byte offset of a record in the log.
@@ -130,6 +131,12 @@ pub(crate) enum LogOp<'a> {
     Remove {
         /// The key.
         key: &'a [u8],
+    },
+    /// Writes applied together, all or none (`format::encode_batch_write` builds the body,
+    /// `format::batch_writes` reads it).
+    Batch {
+        /// The encoded writes.
+        body: &'a [u8],
     },
 }
 

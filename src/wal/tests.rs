@@ -75,6 +75,7 @@ fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
         out.push(match op {
             LogOp::Insert { key, value } => (lsn, (key.to_vec(), Some(value.to_vec()))),
             LogOp::Remove { key } => (lsn, (key.to_vec(), None)),
+            LogOp::Batch { .. } => panic!("these tests write no batch"),
         });
         Ok(())
     })

@@ -1,0 +1,524 @@
+//! Applying an atomic batch: every leaf it writes locked at once, in key order, and changed
+//! only once nothing can fail any more.
+//!
+//! A commit attempt runs in three passes, all under the locks:
+//! 1. **Lock** the leaves in key order: each lock is taken blocking, after every lower
+//!    leaf's, and single-leaf operations never wait for a second leaf, so no cycle can form.
+//! 2. **Plan** each leaf: the writes go into its node in place when the node has room for
+//!    all of them (counted as if every record were new); else a bigger node is built, off
+//!    to the side, with the writes in it (a mini-page grown, or the whole leaf as a
+//!    full-page mirror). Nothing visible changes in this pass. A leaf that needs a change
+//!    of structure first (its records outgrow a page, or its node's prefix no longer covers
+//!    the leaf's range) gets it here, content unchanged (a split of its current records at
+//!    separators chosen so the batch's records fit too); the attempt then restarts. A full
+//!    buffer drops what was built and restarts after eviction.
+//! 3. **Apply**: take a ticket in the batch sequence (`rewind.rs`), save the old values if a
+//!    scan may need them, write every node, append the one log record, publish the undo,
+//!    release.
+
+use std::ops::Range;
+
+use super::inner::Path;
+use super::leaf::{apply, node_records, with_page_buf, MINI_OVERHEAD};
+use super::rewind::Undo;
+use super::stats::Event;
+use super::{Attempt, Restart, Shared, Step, WriteOp, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
+use crate::error::{Error, Result};
+use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind, Search};
+use crate::pool::{Location, NewBlock, WriteGuard};
+use crate::sync;
+
+/// One write of a batch: the stored key (keyspace prefix included) and the new value
+/// (`None`: remove).
+pub(crate) type Write = (Vec<u8>, Option<Vec<u8>>);
+
+/// Bytes a record takes in a node besides its key suffix and value.
+const RECORD_META: usize = 8;
+
+/// One leaf a commit attempt holds.
+struct Held<'g> {
+    path: Path<'g>,
+    page: WriteGuard<'g>,
+    /// Its writes (indices into the sorted writes).
+    writes: Range<usize>,
+}
+
+/// What one commit attempt came to.
+enum Attempted {
+    /// Applied; the log record to wait for, if writes are logged.
+    Done(Option<crate::wal::Appended>),
+    /// Nothing applied: the buffer was full, with `unplanned` leaves still to plan.
+    NeedSpace { unplanned: usize },
+    /// Nothing applied (a leaf's structure changed): try again.
+    Retry,
+}
+
+/// How the batch's writes reach one leaf.
+enum Plan<'g> {
+    /// Nothing to write (removals from a leaf never written).
+    Nothing,
+    /// Into the current node, which has room.
+    InPlace,
+    /// This node replaces the current one; the writes are in it.
+    Replace(NewBlock<'g>),
+}
+
+impl Shared {
+    /// Applies `writes` (stored keys, any order; the last write of a key wins) atomically:
+    /// readers see all of them or none, and the log holds them as one record. Waits for
+    /// durability like a single write.
+    ///
+    /// # Errors
+    /// `BatchTooLarge` past [`Limits::max_batch_len`](crate::Limits::max_batch_len); `Io`
+    /// or `Corruption` from a leaf the batch must read, or from the log. Nothing is applied
+    /// on any error but a failure of the log itself, after which the tree refuses every
+    /// call until reopened (as for a single write).
+    pub(crate) fn commit_batch(&self, mut writes: Vec<Write>) -> Result<()> {
+        // A stable sort keeps a key's writes in order: the last one is the batch's.
+        writes.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut sorted: Vec<Write> = Vec::with_capacity(writes.len());
+        for w in writes {
+            match sorted.last_mut() {
+                Some(last) if last.0 == w.0 => *last = w,
+                _ => sorted.push(w),
+            }
+        }
+        let writes = sorted;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut body = Vec::new();
+        for (key, value) in &writes {
+            crate::wal::encode_batch_write(&mut body, key, value.as_deref());
+        }
+        let limit = self.limits().max_batch_len;
+        if body.len() > limit {
+            return Err(Error::BatchTooLarge {
+                len: body.len(),
+                limit,
+            });
+        }
+        self.journal().check()?;
+        let mut spins = 0u32;
+        loop {
+            match self.try_commit(&writes, &body)? {
+                Attempted::Done(appended) => {
+                    if let Some(appended) = appended {
+                        self.journal().commit(appended)?;
+                    }
+                    return Ok(());
+                }
+                Attempted::NeedSpace { unplanned } => {
+                    // Room for the block that was missing and for the leaves not planned
+                    // yet, each of which may need one: without it, a large batch would
+                    // restart once per block.
+                    for _ in 0..=unplanned.min(256) {
+                        self.make_room_here()?;
+                    }
+                }
+                Attempted::Retry => self.restart(Restart::Retry, &mut spins)?,
+            }
+        }
+    }
+
+    /// One attempt at a commit (see the module docs).
+    fn try_commit(&self, writes: &[Write], body: &[u8]) -> Result<Attempted> {
+        // Without a log, a checkpoint must not catch the batch half-applied (`rewind.rs`).
+        let _unlogged = (!self.journal().logs_writes()).then(|| self.rewind().batch_applying());
+        let guard = sync::pin();
+        let Some(mut held) = self.lock_leaves(&guard, writes) else {
+            return Ok(Attempted::Retry);
+        };
+        let mut plans = Vec::with_capacity(held.len());
+        let mut retry = false;
+        let count = held.len();
+        for (i, h) in held.iter_mut().enumerate() {
+            match self.plan_leaf(&h.path, &mut h.page, &writes[h.writes.clone()])? {
+                Step::Done(plan) => plans.push(plan),
+                // Keep preparing the other leaves: one restart serves them all.
+                Step::Restart(Restart::Retry) => retry = true,
+                Step::Restart(Restart::NeedSpace) => {
+                    return Ok(Attempted::NeedSpace {
+                        unplanned: count - i - 1,
+                    });
+                }
+            }
+        }
+        if retry {
+            return Ok(Attempted::Retry);
+        }
+        let ticket = self.rewind().ticket();
+        let undo = if ticket.save_undo() {
+            let mut undo: Undo = Vec::with_capacity(writes.len());
+            for h in &held {
+                for (key, _) in &writes[h.writes.clone()] {
+                    undo.push((key.clone(), self.value_in_leaf(&h.page, key)?));
+                }
+            }
+            Some(undo)
+        } else {
+            None
+        };
+        // Nothing below fails before the log is asked.
+        let mut emptied = Vec::new();
+        for (i, (h, plan)) in held.iter_mut().zip(plans).enumerate() {
+            if self.apply_plan(&mut h.page, &writes[h.writes.clone()], plan) {
+                emptied.push(i);
+            }
+        }
+        self.counters().writes(writes.len() as u64);
+        self.counters().count(Event::Batch);
+        let appended = self.journal().append_batch(body);
+        if let Some(undo) = undo {
+            self.rewind().publish(&ticket, undo);
+        }
+        // Emptied mirrors leave the tree, as after a single removal.
+        for i in emptied.into_iter().rev() {
+            let h = held.swap_remove(i);
+            let key = &writes[h.writes.start].0;
+            self.remove_empty_leaf(key, h.page);
+        }
+        drop(held);
+        Ok(Attempted::Done(appended?))
+    }
+
+    /// Write-locks the leaves that own `writes`, in key order. `None` when a leaf already
+    /// held turned out to own more of the keys (a neighbour was removed): the caller starts
+    /// again, so every leaf's writes lie within the bounds its path gives.
+    fn lock_leaves<'g>(
+        &'g self,
+        guard: &'g sync::EpochGuard,
+        writes: &[Write],
+    ) -> Option<Vec<Held<'g>>> {
+        let mut held: Vec<Held<'g>> = Vec::new();
+        let mut i = 0;
+        while i < writes.len() {
+            let key = &writes[i].0;
+            let (path, page) = match held.last() {
+                None => self.index().write_leaf(self.pool(), guard, key),
+                Some(last) => {
+                    self.index()
+                        .write_leaf_unless(self.pool(), guard, key, last.page.page_id())?
+                }
+            };
+            let mut high = Vec::new();
+            let end = if path.high_into(&mut high) {
+                i + writes[i..].partition_point(|w| w.0 < high)
+            } else {
+                writes.len()
+            };
+            held.push(Held {
+                path,
+                page,
+                writes: i..end,
+            });
+            i = end;
+        }
+        Some(held)
+    }
+
+    /// Decides how `writes` reach a locked leaf, building any replacement node (see the
+    /// module docs). Changes nothing visible but a leaf's structure, content kept.
+    fn plan_leaf<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut WriteGuard<'p>,
+        writes: &[Write],
+    ) -> Attempt<Plan<'p>> {
+        let disk = match page.location() {
+            Location::Disk(disk) => disk,
+            Location::Mini(_) => {
+                let Some(bytes) = page.mini() else {
+                    return Ok(Step::Restart(Restart::Retry));
+                };
+                let node = NodeRef::from_bytes(bytes);
+                let prefix_ok = writes.iter().all(|(k, _)| k.starts_with(node.prefix()));
+                return if node.kind() == NodeKind::Leaf {
+                    self.plan_mirror(path, page, writes, prefix_ok)
+                } else {
+                    self.plan_mini(path, page, writes, prefix_ok)
+                };
+            }
+        };
+        let writes_of = |w: &&Write| disk != NO_PAGE || w.1.is_some();
+        if !writes.iter().any(|w| writes_of(&w)) {
+            return Ok(Step::Done(Plan::Nothing));
+        }
+        // A new mini-page holding the writes, if they fit one.
+        let need = MINI_OVERHEAD
+            + writes
+                .iter()
+                .filter(writes_of)
+                .map(|(k, v)| RECORD_META + k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>();
+        let size = crate::pool::block_size_for(need).unwrap_or(usize::MAX);
+        if size <= self.config().merge_threshold_bytes() && size <= self.page_size() {
+            let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
+                return Ok(Step::Restart(Restart::NeedSpace));
+            };
+            let (low, high) = path.bounds();
+            let mut node = NodeMut::init(
+                block.bytes_mut(),
+                NodeKind::Mini,
+                low.as_deref(),
+                high.as_deref(),
+            );
+            node.set_disk_page((disk != NO_PAGE).then_some(disk));
+            if upsert_all(&mut node, writes.iter().filter(writes_of)) {
+                return Ok(Step::Done(Plan::Replace(block)));
+            }
+        }
+        // Too many for a mini-page: the whole leaf as a mirror.
+        let records = if disk == NO_PAGE {
+            Vec::new()
+        } else {
+            self.disk_records(disk)?
+        };
+        self.plan_rebuilt(path, page, writes, records, (disk != NO_PAGE).then_some(disk), 0)
+    }
+
+    /// `plan_leaf` for a full-page mirror.
+    fn plan_mirror<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut WriteGuard<'p>,
+        writes: &[Write],
+        prefix_ok: bool,
+    ) -> Attempt<Plan<'p>> {
+        let Some(bytes) = page.mini() else {
+            return Ok(Step::Restart(Restart::Retry));
+        };
+        let node = NodeRef::from_bytes(bytes);
+        if !prefix_ok {
+            // The leaf's range widened past the prefix the mirror was built with: rebuild it
+            // for the current bounds, records unchanged.
+            let records = node_records(node);
+            let key = writes[0].0.clone();
+            return Ok(match self.rebuild_leaf(path, page, &key, &records)? {
+                Step::Done(_) => Step::Restart(Restart::Retry),
+                Step::Restart(r) => Step::Restart(r),
+            });
+        }
+        let puts = writes
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.as_slice(), v.len())));
+        if node.fits_all(puts) {
+            return Ok(Step::Done(Plan::InPlace));
+        }
+        let (disk, damaged) = (node.disk_page(), node.flags() & FLAG_DAMAGED);
+        let records = node_records(node);
+        self.plan_rebuilt(path, page, writes, records, disk, damaged)
+    }
+
+    /// `plan_leaf` for a mini-page.
+    fn plan_mini<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut WriteGuard<'p>,
+        writes: &[Write],
+        prefix_ok: bool,
+    ) -> Attempt<Plan<'p>> {
+        if !prefix_ok {
+            // As for a mirror; a mini-page is first merged into one (content unchanged).
+            return Ok(match self.to_mirror(path, page)? {
+                Step::Done(()) | Step::Restart(Restart::Retry) => Step::Restart(Restart::Retry),
+                Step::Restart(r) => Step::Restart(r),
+            });
+        }
+        let Some(bytes) = page.mini() else {
+            return Ok(Step::Restart(Restart::Retry));
+        };
+        let node = NodeRef::from_bytes(bytes);
+        let all = writes
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_ref().map_or(0, Vec::len)));
+        if node.fits_all(all) {
+            return Ok(Step::Done(Plan::InPlace));
+        }
+        // A bigger mini-page, up to the merge threshold.
+        let add: usize = writes
+            .iter()
+            .map(|(k, v)| {
+                RECORD_META + k.len().saturating_sub(node.prefix().len()) + v.as_ref().map_or(0, Vec::len)
+            })
+            .sum();
+        let size = crate::pool::block_size_for(node.used_bytes() + add).unwrap_or(usize::MAX);
+        if size <= self.config().merge_threshold_bytes() {
+            let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
+                return Ok(Step::Restart(Restart::NeedSpace));
+            };
+            if node::copy_filtered(node, block.bytes_mut(), |_, _| true, false).is_ok()
+                && upsert_all(&mut NodeMut::from_bytes(block.bytes_mut()), writes.iter())
+            {
+                return Ok(Step::Done(Plan::Replace(block)));
+            }
+        }
+        // Past the threshold: the mini-page merged with its disk leaf, as a mirror.
+        let disk = node.disk_page();
+        let records = match disk {
+            Some(d) => with_page_buf(self.page_size(), |buf| -> Result<Vec<Record>> {
+                self.storage().read_page(d, buf)?;
+                let leaf = self.storage().check_leaf(d, buf)?;
+                if leaf.flags() & FLAG_DAMAGED != 0 {
+                    return Err(self
+                        .storage()
+                        .corruption(Some(d), "a damaged leaf cannot take more writes"));
+                }
+                Ok(node::merge_sorted(leaf, node))
+            })?,
+            None => super::leaf::live_records(node),
+        };
+        self.counters().count(Event::Merge);
+        self.plan_rebuilt(path, page, writes, records, disk, 0)
+    }
+
+    /// A full-page mirror of the leaf whose records are `records`, with `writes` applied; or,
+    /// when those do not fit a page, the leaf split first (records unchanged) and a restart.
+    fn plan_rebuilt<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut WriteGuard<'p>,
+        writes: &[Write],
+        records: Vec<Record>,
+        disk: Option<u64>,
+        damaged: u8,
+    ) -> Attempt<Plan<'p>> {
+        let mut after = records.clone();
+        for (key, value) in writes {
+            apply(
+                &mut after,
+                key,
+                value.as_deref().map_or(WriteOp::Delete, WriteOp::Put),
+            );
+        }
+        let (low, high) = path.bounds();
+        let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref());
+        if groups.len() == 1 {
+            let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
+                return Ok(Step::Restart(Restart::NeedSpace));
+            };
+            if node::build(
+                block.bytes_mut(),
+                NodeKind::Leaf,
+                low.as_deref(),
+                high.as_deref(),
+                &after,
+            )
+            .is_err()
+            {
+                return Ok(Step::Restart(Restart::Retry));
+            }
+            let mut node = NodeMut::from_bytes(block.bytes_mut());
+            node.set_disk_page(disk);
+            node.set_flags(FLAG_DIRTY | damaged);
+            return Ok(Step::Done(Plan::Replace(block)));
+        }
+        // Split the current records where every group of them, and of them with the batch
+        // applied, fits a page: cut the union of both (the larger record of each key).
+        let mut union = records.clone();
+        for r in after {
+            match union.binary_search_by(|u| u.key.as_slice().cmp(r.key.as_slice())) {
+                Ok(i) if union[i].value.len() < r.value.len() => union[i] = r,
+                Ok(_) => {}
+                Err(i) => union.insert(i, r),
+            }
+        }
+        let mut cuts = self.leaf_groups(&union, low.as_deref(), high.as_deref());
+        if cuts.len() == 1 {
+            // Cannot happen (the union is no smaller than the records after the batch); cut
+            // where those were cut rather than rebuild the leaf unsplit forever.
+            cuts = groups;
+        }
+        let mut groups = Vec::with_capacity(cuts.len());
+        let mut start = 0;
+        for (g, (_, glow)) in cuts.iter().enumerate() {
+            let end = match cuts.get(g + 1) {
+                Some((_, Some(next))) => {
+                    start + records[start..].partition_point(|r| r.key.as_slice() < next.as_slice())
+                }
+                _ => records.len(),
+            };
+            groups.push((start..end, glow.clone()));
+            start = end;
+        }
+        let key = writes[0].0.clone();
+        Ok(
+            match self.split_into(path, page, &key, &records, &groups, disk)? {
+                Step::Done(_) => Step::Restart(Restart::Retry),
+                Step::Restart(r) => Step::Restart(r),
+            },
+        )
+    }
+
+    /// The records of disk leaf `disk`.
+    fn disk_records(&self, disk: u64) -> Result<Vec<Record>> {
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(disk, buf)?;
+            let leaf = self.storage().check_leaf(disk, buf)?;
+            if leaf.flags() & FLAG_DAMAGED != 0 {
+                return Err(self
+                    .storage()
+                    .corruption(Some(disk), "a damaged leaf cannot take more writes"));
+            }
+            Ok(node_records(leaf))
+        })
+    }
+
+    /// Carries out a plan; true if it left a mirror with no records.
+    fn apply_plan<'p>(&'p self, page: &mut WriteGuard<'p>, writes: &[Write], plan: Plan<'p>) -> bool {
+        match plan {
+            Plan::Nothing => false,
+            Plan::Replace(block) => {
+                if let Some(old) = page.set_mini(block) {
+                    self.pool().dealloc(old);
+                }
+                page.mini()
+                    .map(NodeRef::from_bytes)
+                    .is_some_and(|n| n.kind() == NodeKind::Leaf && n.is_empty())
+            }
+            Plan::InPlace => {
+                let Some(bytes) = page.mini_mut() else {
+                    debug_assert!(false, "a planned leaf keeps its node under its lock");
+                    return false;
+                };
+                let mut node = NodeMut::from_bytes(bytes);
+                if node.as_ref().kind() == NodeKind::Leaf {
+                    for (key, value) in writes {
+                        match value {
+                            Some(v) => {
+                                let done = node.upsert(key, v, RecordKind::Insert);
+                                debug_assert!(done.is_ok(), "the plan counted the room");
+                            }
+                            None => {
+                                if let Search::Found(i) = node.as_ref().search(key) {
+                                    node.remove_at(i);
+                                }
+                            }
+                        }
+                    }
+                    let flags = node.as_ref().flags();
+                    node.set_flags(flags | FLAG_DIRTY);
+                    node.as_ref().is_empty()
+                } else {
+                    let done = upsert_all(&mut node, writes.iter());
+                    debug_assert!(done, "the plan counted the room");
+                    false
+                }
+            }
+        }
+    }
+}
+
+/// Puts `writes` into a mini-page as dirty records; false if one did not fit.
+fn upsert_all<'w>(node: &mut NodeMut<'_>, writes: impl Iterator<Item = &'w Write>) -> bool {
+    for (key, value) in writes {
+        let (v, kind) = match value {
+            Some(v) => (v.as_slice(), RecordKind::Insert),
+            None => (&[][..], RecordKind::Tombstone),
+        };
+        if node.upsert(key, v, kind).is_err() {
+            return false;
+        }
+    }
+    true
+}

@@ -1,0 +1,277 @@
+//! What keeps a scan from seeing part of an atomic batch (`commit.rs`).
+//!
+//! A batch applies under the locks of every leaf it writes, so a lookup, which locks one
+//! leaf, sees all of it or none. A scan locks one leaf at a time and holds nothing in
+//! between: it could copy a leaf before a batch and the next leaf after it. So each batch
+//! takes a sequence number once it holds its locks, and each scan notes the last number
+//! taken when it starts. While scans are in progress, a batch also saves what its keys held
+//! before it (its *undo*), published before its locks are released; a scan puts those old
+//! values back in every leaf it copies, for each batch numbered after its start. A scan
+//! therefore sees the batches that committed before it started whole, and the later ones
+//! not at all.
+//!
+//! Why a batch that saved nothing is never missed (both sides use `SeqCst`): a batch takes
+//! its number, then loads the count of scans; a scan raises that count, then loads the
+//! number. If the batch saw no scan, the scan's load comes after the batch's number was
+//! taken, so the scan counts the batch as before its start; every leaf the scan copies is
+//! then copied after the batch took all its locks, so after the batch was applied.
+//!
+//! A checkpoint reads leaves one at a time too. When writes are logged, replay from the
+//! checkpoint's LSN completes any batch it caught half-applied. When they are not
+//! (`Durability::None`), nothing would: so there a batch applies only while no checkpoint
+//! is writing leaves, and a checkpoint waits for the batches applying when it starts.
+//!
+//! Saved undo is dropped once no scan in progress started before its batch. With no scan
+//! running, batches save nothing and scans pay one counter update at each end.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use super::scan::KeyValue;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock};
+use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+/// What a batch's keys held before it: key (keyspace prefix included) and old value
+/// (`None`: absent), ascending by key.
+pub(crate) type Undo = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// The batch sequence, the scans in progress, and the undo they may need.
+#[derive(Default)]
+pub(crate) struct Rewind {
+    /// The number the last batch took.
+    seq: AtomicU64,
+    /// Scans in progress.
+    scans: AtomicUsize,
+    state: Mutex<State>,
+    /// Keeps batches and checkpoints apart when writes are not logged (below).
+    unlogged: RwLock<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The start number of each scan in progress, with how many started at it.
+    starts: BTreeMap<u64, usize>,
+    /// Saved undo, by batch number (published in lock release order, not number order).
+    undo: Vec<(u64, Arc<Undo>)>,
+}
+
+/// A batch's place in the sequence, taken with its locks held.
+pub(crate) struct Ticket {
+    seq: u64,
+    /// Whether a scan may need the batch's undo.
+    save: bool,
+}
+
+impl Ticket {
+    /// Whether the batch must save its undo.
+    pub(crate) fn save_undo(&self) -> bool {
+        self.save
+    }
+}
+
+impl Rewind {
+    /// Registers a scan; returns its start number (see [`Rewind::end_scan`]).
+    pub(crate) fn begin_scan(&self) -> u64 {
+        let mut state = self.state.lock();
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        let start = self.seq.load(Ordering::SeqCst);
+        *state.starts.entry(start).or_default() += 1;
+        start
+    }
+
+    /// Unregisters a scan that started at `start`.
+    pub(crate) fn end_scan(&self, start: u64) {
+        let mut state = self.state.lock();
+        if let Some(n) = state.starts.get_mut(&start) {
+            *n -= 1;
+            if *n == 0 {
+                state.starts.remove(&start);
+            }
+        }
+        self.scans.fetch_sub(1, Ordering::SeqCst);
+        state.prune();
+    }
+
+    /// Numbers a batch that holds the locks of every leaf it writes.
+    pub(crate) fn ticket(&self) -> Ticket {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let save = self.scans.load(Ordering::SeqCst) > 0;
+        Ticket { seq, save }
+    }
+
+    /// Publishes a batch's undo (before its locks are released).
+    pub(crate) fn publish(&self, ticket: &Ticket, undo: Undo) {
+        let mut state = self.state.lock();
+        state.undo.push((ticket.seq, Arc::new(undo)));
+        state.prune();
+    }
+
+    /// Held by a batch applying while writes are not logged: no checkpoint writes leaves
+    /// meanwhile.
+    pub(crate) fn batch_applying(&self) -> RwLockReadGuard<'_, ()> {
+        self.unlogged.read()
+    }
+
+    /// Held by a checkpoint writing leaves while writes are not logged: no batch applies
+    /// meanwhile.
+    pub(crate) fn checkpoint_writing(&self) -> RwLockWriteGuard<'_, ()> {
+        self.unlogged.write()
+    }
+
+    /// Whether a batch took a number since `scan` (a scan's start).
+    #[inline]
+    pub(crate) fn batched_since(&self, scan: u64) -> bool {
+        self.seq.load(Ordering::SeqCst) != scan
+    }
+
+    /// Puts back, in `items` (a leaf's records between `start` and `end`, ascending), the
+    /// old values of the keys written by batches numbered after `scan` (a scan's start).
+    pub(crate) fn rewind(
+        &self,
+        scan: u64,
+        items: &mut Vec<KeyValue>,
+        start: &Bound<Vec<u8>>,
+        end: &Bound<Vec<u8>>,
+    ) {
+        let mut later: Vec<(u64, Arc<Undo>)> = {
+            let state = self.state.lock();
+            state
+                .undo
+                .iter()
+                .filter(|(seq, _)| *seq > scan)
+                .cloned()
+                .collect()
+        };
+        if later.is_empty() {
+            return;
+        }
+        // The earliest batch's old value is the one from before all of them.
+        later.sort_by_key(|(seq, _)| *seq);
+        let mut old: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
+        for (_, undo) in &later {
+            for (key, value) in undo.iter() {
+                if within(key, start, end) {
+                    old.entry(key.as_slice()).or_insert(value.as_deref());
+                }
+            }
+        }
+        if old.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(items.len() + old.len());
+        let mut old = old.into_iter().peekable();
+        for (key, value) in items.drain(..) {
+            while let Some((k, v)) = old.next_if(|(k, _)| *k < key.as_slice()) {
+                if let Some(v) = v {
+                    out.push((k.to_vec(), v.to_vec()));
+                }
+            }
+            match old.next_if(|(k, _)| *k == key.as_slice()) {
+                Some((_, Some(v))) => out.push((key, v.to_vec())),
+                Some((_, None)) => {}
+                None => out.push((key, value)),
+            }
+        }
+        out.extend(old.filter_map(|(k, v)| v.map(|v| (k.to_vec(), v.to_vec()))));
+        *items = out;
+    }
+
+    /// Saved undo (batches saved since no scan needed them dropped): for tests.
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn saved(&self) -> usize {
+        self.state.lock().undo.len()
+    }
+}
+
+impl State {
+    /// Drops the undo no scan in progress needs: that of batches numbered at or before the
+    /// earliest start.
+    fn prune(&mut self) {
+        match self.starts.keys().next() {
+            Some(&first) => self.undo.retain(|(seq, _)| *seq > first),
+            None => self.undo.clear(),
+        }
+    }
+}
+
+/// Whether `key` lies between `start` and `end`.
+fn within(key: &[u8], start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
+    let above = match start {
+        Bound::Included(s) => key >= s.as_slice(),
+        Bound::Excluded(s) => key > s.as_slice(),
+        Bound::Unbounded => true,
+    };
+    let below = match end {
+        Bound::Included(e) => key <= e.as_slice(),
+        Bound::Excluded(e) => key < e.as_slice(),
+        Bound::Unbounded => true,
+    };
+    above && below
+}
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use super::*;
+
+    fn kv(k: &str, v: &str) -> KeyValue {
+        (k.as_bytes().to_vec(), v.as_bytes().to_vec())
+    }
+
+    fn undo(pairs: &[(&str, Option<&str>)]) -> Undo {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    #[test]
+    fn a_scan_sees_batches_from_before_its_start_and_not_after() {
+        let r = Rewind::default();
+        let before = r.ticket();
+        assert!(!before.save_undo(), "no scan: nothing to save");
+        let scan = r.begin_scan();
+        let after = r.ticket();
+        assert!(after.save_undo());
+        // The batch after the scan's start changed b, added c, removed d.
+        r.publish(&after, undo(&[("b", Some("b0")), ("c", None), ("d", Some("d0"))]));
+        let mut items = vec![kv("a", "a1"), kv("b", "b1"), kv("c", "c1"), kv("e", "e1")];
+        r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
+        assert_eq!(
+            items,
+            vec![kv("a", "a1"), kv("b", "b0"), kv("d", "d0"), kv("e", "e1")]
+        );
+        // Only keys inside the copied range are put back.
+        let mut items = vec![kv("e", "e1")];
+        r.rewind(
+            scan,
+            &mut items,
+            &Bound::Included(b"d1".to_vec()),
+            &Bound::Unbounded,
+        );
+        assert_eq!(items, vec![kv("e", "e1")]);
+        // A scan that starts now sees the batch.
+        let later = r.begin_scan();
+        let mut items = vec![kv("b", "b1")];
+        r.rewind(later, &mut items, &Bound::Unbounded, &Bound::Unbounded);
+        assert_eq!(items, vec![kv("b", "b1")]);
+        r.end_scan(scan);
+        assert_eq!(r.saved(), 0, "the remaining scan does not need it");
+        r.end_scan(later);
+    }
+
+    #[test]
+    fn the_earliest_later_batch_gives_the_old_value() {
+        let r = Rewind::default();
+        let scan = r.begin_scan();
+        let first = r.ticket();
+        let second = r.ticket();
+        // Published in the other order.
+        r.publish(&second, undo(&[("k", Some("v1"))]));
+        r.publish(&first, undo(&[("k", Some("v0"))]));
+        let mut items = vec![kv("k", "v2")];
+        r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
+        assert_eq!(items, vec![kv("k", "v0")]);
+        r.end_scan(scan);
+        assert_eq!(r.saved(), 0);
+    }
+}
