@@ -332,7 +332,10 @@ impl<'a> NodeRef<'a> {
     /// Would upserts of all of `records` (key, value length) succeed one after another? A
     /// bound that ignores what records already present give back: true only if each record
     /// could be new.
-    pub(crate) fn fits_all<'k>(&self, records: impl IntoIterator<Item = (&'k [u8], usize)>) -> bool {
+    pub(crate) fn fits_all<'k>(
+        &self,
+        records: impl IntoIterator<Item = (&'k [u8], usize)>,
+    ) -> bool {
         let mut need = 0usize;
         for (key, value_len) in records {
             let Ok(suffix) = self.strip_prefix(key) else {

@@ -25,9 +25,9 @@
 //! write each time they met a staged leaf: under Zipf YCSB-A with 2 threads, the rounds
 //! with a checkpoint ran at 0.5-0.6 of the others.
 
-use super::page_batch::{Image, PageBatch};
 use super::evict::{needs_write_back, Action, AfterWrite};
 use super::index::SmoGuard;
+use super::page_batch::{Image, PageBatch};
 use super::{Attempt, Shared, Step, FLAG_DIRTY};
 use crate::error::Result;
 use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};

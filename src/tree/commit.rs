@@ -274,7 +274,14 @@ impl Shared {
         } else {
             self.disk_records(disk)?
         };
-        self.plan_rebuilt(path, page, writes, records, (disk != NO_PAGE).then_some(disk), 0)
+        self.plan_rebuilt(
+            path,
+            page,
+            writes,
+            records,
+            (disk != NO_PAGE).then_some(disk),
+            0,
+        )
     }
 
     /// `plan_leaf` for a full-page mirror.
@@ -339,7 +346,9 @@ impl Shared {
         let add: usize = writes
             .iter()
             .map(|(k, v)| {
-                RECORD_META + k.len().saturating_sub(node.prefix().len()) + v.as_ref().map_or(0, Vec::len)
+                RECORD_META
+                    + k.len().saturating_sub(node.prefix().len())
+                    + v.as_ref().map_or(0, Vec::len)
             })
             .sum();
         let size = crate::pool::block_size_for(node.used_bytes() + add).unwrap_or(usize::MAX);
@@ -465,7 +474,12 @@ impl Shared {
     }
 
     /// Carries out a plan; true if it left a mirror with no records.
-    fn apply_plan<'p>(&'p self, page: &mut WriteGuard<'p>, writes: &[Write], plan: Plan<'p>) -> bool {
+    fn apply_plan<'p>(
+        &'p self,
+        page: &mut WriteGuard<'p>,
+        writes: &[Write],
+        plan: Plan<'p>,
+    ) -> bool {
         match plan {
             Plan::Nothing => false,
             Plan::Replace(block) => {

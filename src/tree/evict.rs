@@ -5,10 +5,10 @@
 //! the last checkpoint references (see `persist.rs`), so a crash at any moment leaves the
 //! last checkpoint intact.
 
-use super::page_batch::PageBatch;
 use super::index::SmoGuard;
 use super::inner::{Entry, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};
+use super::page_batch::PageBatch;
 use super::stats::Event;
 use super::storage::Storage;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};

@@ -121,9 +121,10 @@ impl Journal {
             LogOp::Remove { key } => apply(Ok((key, WriteOp::Delete))),
             LogOp::Batch { body } => {
                 for write in crate::wal::batch_writes(body) {
-                    apply(write.map(|(key, value)| {
-                        (key, value.map_or(WriteOp::Delete, WriteOp::Put))
-                    }))?;
+                    apply(
+                        write
+                            .map(|(key, value)| (key, value.map_or(WriteOp::Delete, WriteOp::Put))),
+                    )?;
                 }
                 Ok(())
             }

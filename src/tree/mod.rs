@@ -37,15 +37,14 @@ mod api;
 mod background;
 mod backup;
 mod batch;
-mod page_batch;
 mod catalog;
-mod commit;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod check;
 mod checkpoint;
 mod clean;
+mod commit;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod crash;
 mod evict;
@@ -57,6 +56,7 @@ mod journal;
 mod keyspace;
 mod leaf;
 mod mirror;
+mod page_batch;
 mod pages;
 mod persist;
 #[cfg(all(test, not(shuttle)))]

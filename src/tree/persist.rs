@@ -318,7 +318,8 @@ impl Shared {
         let lsn = wal.next_lsn();
         // Without a log to replay, the leaves written below must not catch a batch
         // half-applied: batches wait until the snapshot is taken (`rewind.rs`).
-        let batches_held = (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
+        let batches_held =
+            (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
         self.storage().pages().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to

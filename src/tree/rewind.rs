@@ -233,7 +233,10 @@ mod tests {
         let after = r.ticket();
         assert!(after.save_undo());
         // The batch after the scan's start changed b, added c, removed d.
-        r.publish(&after, undo(&[("b", Some("b0")), ("c", None), ("d", Some("d0"))]));
+        r.publish(
+            &after,
+            undo(&[("b", Some("b0")), ("c", None), ("d", Some("d0"))]),
+        );
         let mut items = vec![kv("a", "a1"), kv("b", "b1"), kv("c", "c1"), kv("e", "e1")];
         r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
         assert_eq!(

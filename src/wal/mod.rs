@@ -97,9 +97,9 @@ mod tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests_crash;
 
+pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write};
 #[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
-pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write};
 pub(crate) use log::Wal;
 
 /// A log sequence number: the logical byte offset of a record in the log.
