@@ -371,3 +371,76 @@ fn shuttle_page_move_races_snapshot() {
     shuttle::check_random(page_move_races_snapshot, 1000);
     shuttle::check_pct(page_move_races_snapshot, 1000, 3);
 }
+
+/// Two batches over keys in three leaves race each other, a split and two scans (one each
+/// way): every scan must see each batch whole or not at all, and the batches in one order.
+fn batches_race_scans() {
+    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let mut expected = BTreeMap::new();
+    // 36 records of 300 bytes: three leaves or more; the watched keys sit far apart.
+    for i in 0..36u8 {
+        let k = vec![b'k', i * 4];
+        let v = val(&k, 0, 300);
+        tree.insert(&k, &v).expect("insert");
+        expected.insert(k, v);
+    }
+    let watched: [Vec<u8>; 3] = [vec![b'k', 0], vec![b'k', 18 * 4], vec![b'k', 35 * 4]];
+    let batch_of = |tree: &Tree, keys: &[&Vec<u8>], version: u8| {
+        let mut b = tree.batch();
+        for k in keys {
+            b.insert(&tree.default_keyspace(), k, val(k, version, 300));
+        }
+        b.commit().expect("batch");
+    };
+    let first = {
+        let (tree, w) = (tree.clone(), watched.clone());
+        thread::spawn(move || batch_of(&tree, &[&w[0], &w[1], &w[2]], 1))
+    };
+    let second = {
+        let (tree, w) = (tree.clone(), watched.clone());
+        thread::spawn(move || {
+            // Crowds the middle leaf toward a split first.
+            for j in 0..3u8 {
+                let k = vec![b'k', 18 * 4 + 1 + j];
+                tree.insert(&k, val(&k, 0, 300)).expect("insert");
+            }
+            batch_of(&tree, &[&w[0], &w[2]], 2);
+        })
+    };
+    // The versions of the watched keys a scan may see: before both, after either, after both
+    // in either order.
+    let allowed = [[0, 0, 0], [1, 1, 1], [2, 0, 2], [2, 1, 2]];
+    let seen = |rows: &[Kv]| -> [u8; 3] {
+        let mut out = [u8::MAX; 3];
+        for (i, w) in watched.iter().enumerate() {
+            let row = rows.iter().find(|(k, _)| k == w).expect("watched key present");
+            out[i] = row.1[0];
+        }
+        out
+    };
+    let up: Vec<Kv> = tree.iter().map(|r| r.expect("iter")).collect();
+    let mut down: Vec<Kv> = tree.iter().rev().map(|r| r.expect("rev iter")).collect();
+    down.reverse();
+    for (what, rows) in [("forward", &up), ("backward", &down)] {
+        let got = seen(rows);
+        assert!(allowed.contains(&got), "{what} scan saw {got:?}");
+    }
+    first.join().expect("first");
+    second.join().expect("second");
+    let end = seen(&contents(&tree));
+    assert!(end == [1, 1, 1] || end == [2, 1, 2], "final {end:?}");
+    for j in 0..3u8 {
+        let k = vec![b'k', 18 * 4 + 1 + j];
+        expected.insert(k.clone(), val(&k, 0, 300));
+    }
+    for (i, w) in watched.iter().enumerate() {
+        expected.insert(w.clone(), val(w, end[i], 300));
+    }
+    check_final(&tree, &expected);
+}
+
+#[test]
+fn shuttle_batches_race_scans() {
+    shuttle::check_random(batches_race_scans, 500);
+    shuttle::check_pct(batches_race_scans, 500, 3);
+}

@@ -64,6 +64,7 @@ fn scenario(durability: Durability) {
     wal.replay(0, |lsn, op| {
         let key = match op {
             LogOp::Insert { key, .. } | LogOp::Remove { key } => key,
+            LogOp::Batch { .. } => panic!("this test writes no batch"),
         };
         replayed.push((lsn, key[0], key[1]));
         Ok(())
