@@ -189,13 +189,17 @@ fn run_cycles(mode: &str) {
             match rx.recv_timeout(Duration::from_millis(5)) {
                 Ok(line) => count(&line),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(_) => panic!("{mode} cycle {cycle}: child exited early"),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("{mode} cycle {cycle}: child exited early")
+                }
             }
         }
         child.kill().expect("kill -9");
         let _ = child.wait();
         let _ = reader.join();
-        rx.try_iter().for_each(|l| count(&l));
+        for line in rx.try_iter() {
+            count(&line);
+        }
         let tree = Tree::open(config(dir.path(), mode)).expect("reopen after kill");
         let got = recovered(&tree);
         // Which number of whole batches the recovered state is: the least allowed first.

@@ -92,12 +92,15 @@ fn concurrent_readers_never_see_part_of_a_batch() {
     assert!(rounds > 10 && scans > 4, "rounds {rounds}, scans {scans}");
 }
 
+/// A way to spoil a batch, and the error it must give.
+type Case<'a> = (Box<dyn Fn(&mut bfkv::Batch) + 'a>, fn(&Error) -> bool);
+
 #[test]
 fn an_invalid_write_fails_the_whole_batch() {
     let tree = Tree::open(Config::in_memory()).expect("open");
     let ks = tree.keyspace("k").expect("keyspace");
     let limits = tree.limits();
-    let cases: Vec<(Box<dyn Fn(&mut bfkv::Batch)>, fn(&Error) -> bool)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             Box::new(|b| b.insert(&ks, vec![1u8; limits.max_key_len + 1], b"v")),
             |e| matches!(e, Error::KeyTooLarge { .. }),

@@ -87,16 +87,24 @@ impl Shared {
         if writes.is_empty() {
             return Ok(());
         }
-        let mut body = Vec::new();
-        for (key, value) in &writes {
-            crate::wal::encode_batch_write(&mut body, key, value.as_deref());
-        }
+        let len: u64 = writes
+            .iter()
+            .map(|(k, v)| crate::wal::batch_write_len(k.len(), v.as_ref().map_or(0, Vec::len)))
+            .sum();
         let limit = self.limits().max_batch_len;
-        if body.len() > limit {
+        if len > limit as u64 {
             return Err(Error::BatchTooLarge {
-                len: body.len(),
+                len: usize::try_from(len).unwrap_or(usize::MAX),
                 limit,
             });
+        }
+        // The log record's body, when writes are logged.
+        let mut body = Vec::new();
+        if self.journal().logs_writes() {
+            body.reserve(len as usize);
+            for (key, value) in &writes {
+                crate::wal::encode_batch_write(&mut body, key, value.as_deref());
+            }
         }
         self.journal().check()?;
         let mut spins = 0u32;
@@ -278,7 +286,7 @@ impl Shared {
             path,
             page,
             writes,
-            records,
+            &records,
             (disk != NO_PAGE).then_some(disk),
             0,
         )
@@ -314,7 +322,7 @@ impl Shared {
         }
         let (disk, damaged) = (node.disk_page(), node.flags() & FLAG_DAMAGED);
         let records = node_records(node);
-        self.plan_rebuilt(path, page, writes, records, disk, damaged)
+        self.plan_rebuilt(path, page, writes, &records, disk, damaged)
     }
 
     /// `plan_leaf` for a mini-page.
@@ -378,7 +386,7 @@ impl Shared {
             None => super::leaf::live_records(node),
         };
         self.counters().count(Event::Merge);
-        self.plan_rebuilt(path, page, writes, records, disk, 0)
+        self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
 
     /// A full-page mirror of the leaf whose records are `records`, with `writes` applied; or,
@@ -388,11 +396,11 @@ impl Shared {
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
         writes: &[Write],
-        records: Vec<Record>,
+        records: &[Record],
         disk: Option<u64>,
         damaged: u8,
     ) -> Attempt<Plan<'p>> {
-        let mut after = records.clone();
+        let mut after = records.to_vec();
         for (key, value) in writes {
             apply(
                 &mut after,
@@ -424,7 +432,7 @@ impl Shared {
         }
         // Split the current records where every group of them, and of them with the batch
         // applied, fits a page: cut the union of both (the larger record of each key).
-        let mut union = records.clone();
+        let mut union = records.to_vec();
         for r in after {
             match union.binary_search_by(|u| u.key.as_slice().cmp(r.key.as_slice())) {
                 Ok(i) if union[i].value.len() < r.value.len() => union[i] = r,
@@ -452,7 +460,7 @@ impl Shared {
         }
         let key = writes[0].0.clone();
         Ok(
-            match self.split_into(path, page, &key, &records, &groups, disk)? {
+            match self.split_into(path, page, &key, records, &groups, disk)? {
                 Step::Done(_) => Step::Restart(Restart::Retry),
                 Step::Restart(r) => Step::Restart(r),
             },

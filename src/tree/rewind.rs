@@ -35,6 +35,9 @@ use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
 /// (`None`: absent), ascending by key.
 pub(crate) type Undo = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
+/// A saved old value (`None`: the key was absent).
+type Old = Option<Arc<[u8]>>;
+
 /// The batch sequence, the scans in progress, and the undo they may need.
 #[derive(Default)]
 pub(crate) struct Rewind {
@@ -51,8 +54,13 @@ pub(crate) struct Rewind {
 struct State {
     /// The start number of each scan in progress, with how many started at it.
     starts: BTreeMap<u64, usize>,
-    /// Saved undo, by batch number (published in lock release order, not number order).
-    undo: Vec<(u64, Arc<Undo>)>,
+    /// Saved old values by key: for each key, the batches that wrote it (number, old value),
+    /// ascending by number. Indexed by key so a scan looks up only its leaf's range, however
+    /// many batches ran since it started.
+    by_key: BTreeMap<Vec<u8>, Vec<(u64, Old)>>,
+    /// The numbers of the batches saved, with their keys (for pruning), in publication
+    /// order.
+    saved: Vec<(u64, Vec<Vec<u8>>)>,
 }
 
 /// A batch's place in the sequence, taken with its locks held.
@@ -102,7 +110,14 @@ impl Rewind {
     /// Publishes a batch's undo (before its locks are released).
     pub(crate) fn publish(&self, ticket: &Ticket, undo: Undo) {
         let mut state = self.state.lock();
-        state.undo.push((ticket.seq, Arc::new(undo)));
+        let mut keys = Vec::with_capacity(undo.len());
+        for (key, old) in undo {
+            let entries = state.by_key.entry(key.clone()).or_default();
+            let at = entries.partition_point(|(seq, _)| *seq < ticket.seq);
+            entries.insert(at, (ticket.seq, old.map(Arc::from)));
+            keys.push(key);
+        }
+        state.saved.push((ticket.seq, keys));
         state.prune();
     }
 
@@ -133,53 +148,49 @@ impl Rewind {
         start: &Bound<Vec<u8>>,
         end: &Bound<Vec<u8>>,
     ) {
-        let mut later: Vec<(u64, Arc<Undo>)> = {
-            let state = self.state.lock();
-            state
-                .undo
-                .iter()
-                .filter(|(seq, _)| *seq > scan)
-                .cloned()
-                .collect()
-        };
-        if later.is_empty() {
+        if is_empty(start, end) {
             return;
         }
-        // The earliest batch's old value is the one from before all of them.
-        later.sort_by_key(|(seq, _)| *seq);
-        let mut old: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
-        for (_, undo) in &later {
-            for (key, value) in undo.iter() {
-                if within(key, start, end) {
-                    old.entry(key.as_slice()).or_insert(value.as_deref());
-                }
-            }
-        }
+        // For each key written since the scan started, its value before the first of those
+        // batches.
+        let old: Vec<(Vec<u8>, Old)> = {
+            let state = self.state.lock();
+            state
+                .by_key
+                .range::<Vec<u8>, _>((start.as_ref(), end.as_ref()))
+                .filter_map(|(key, entries)| {
+                    let first = entries.iter().find(|(seq, _)| *seq > scan)?;
+                    Some((key.clone(), first.1.clone()))
+                })
+                .collect()
+        };
         if old.is_empty() {
             return;
         }
         let mut out = Vec::with_capacity(items.len() + old.len());
         let mut old = old.into_iter().peekable();
         for (key, value) in items.drain(..) {
-            while let Some((k, v)) = old.next_if(|(k, _)| *k < key.as_slice()) {
+            while let Some((k, v)) = old.next_if(|(k, _)| *k < key) {
                 if let Some(v) = v {
-                    out.push((k.to_vec(), v.to_vec()));
+                    out.push((k, v.to_vec()));
                 }
             }
-            match old.next_if(|(k, _)| *k == key.as_slice()) {
+            match old.next_if(|(k, _)| *k == key) {
                 Some((_, Some(v))) => out.push((key, v.to_vec())),
                 Some((_, None)) => {}
                 None => out.push((key, value)),
             }
         }
-        out.extend(old.filter_map(|(k, v)| v.map(|v| (k.to_vec(), v.to_vec()))));
+        out.extend(old.filter_map(|(k, v)| v.map(|v| (k, v.to_vec()))));
         *items = out;
     }
 
     /// Saved undo (batches saved since no scan needed them dropped): for tests.
     #[cfg(all(test, not(shuttle)))]
     pub(crate) fn saved(&self) -> usize {
-        self.state.lock().undo.len()
+        let state = self.state.lock();
+        debug_assert_eq!(state.by_key.is_empty(), state.saved.is_empty());
+        state.saved.len()
     }
 }
 
@@ -187,26 +198,37 @@ impl State {
     /// Drops the undo no scan in progress needs: that of batches numbered at or before the
     /// earliest start.
     fn prune(&mut self) {
-        match self.starts.keys().next() {
-            Some(&first) => self.undo.retain(|(seq, _)| *seq > first),
-            None => self.undo.clear(),
-        }
+        let Some(&first) = self.starts.keys().next() else {
+            self.by_key.clear();
+            self.saved.clear();
+            return;
+        };
+        let by_key = &mut self.by_key;
+        self.saved.retain(|(seq, keys)| {
+            if *seq > first {
+                return true;
+            }
+            for key in keys {
+                if let Some(entries) = by_key.get_mut(key) {
+                    entries.retain(|(s, _)| s != seq);
+                    if entries.is_empty() {
+                        by_key.remove(key);
+                    }
+                }
+            }
+            false
+        });
     }
 }
 
-/// Whether `key` lies between `start` and `end`.
-fn within(key: &[u8], start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
-    let above = match start {
-        Bound::Included(s) => key >= s.as_slice(),
-        Bound::Excluded(s) => key > s.as_slice(),
-        Bound::Unbounded => true,
-    };
-    let below = match end {
-        Bound::Included(e) => key <= e.as_slice(),
-        Bound::Excluded(e) => key < e.as_slice(),
-        Bound::Unbounded => true,
-    };
-    above && below
+/// Whether no key lies between `start` and `end` (`BTreeMap::range` panics on such bounds).
+fn is_empty(start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
+    match (start, end) {
+        (Bound::Included(s), Bound::Included(e)) => s > e,
+        (Bound::Included(s) | Bound::Excluded(s), Bound::Excluded(e))
+        | (Bound::Excluded(s), Bound::Included(e)) => s >= e,
+        _ => false,
+    }
 }
 
 #[cfg(all(test, not(shuttle)))]

@@ -413,7 +413,10 @@ fn batches_race_scans() {
     let seen = |rows: &[Kv]| -> [u8; 3] {
         let mut out = [u8::MAX; 3];
         for (i, w) in watched.iter().enumerate() {
-            let row = rows.iter().find(|(k, _)| k == w).expect("watched key present");
+            let row = rows
+                .iter()
+                .find(|(k, _)| k == w)
+                .expect("watched key present");
             out[i] = row.1[0];
         }
         out

@@ -145,15 +145,12 @@ impl<'a> Iterator for BatchWrites<'a> {
             };
             Some(((key, value), n + k + v))
         });
-        match decoded {
-            Some((write, used)) => {
-                self.rest = &after[used..];
-                Some(Ok(write))
-            }
-            None => {
-                self.rest = &[];
-                Some(Err("malformed write inside a batch record"))
-            }
+        if let Some((write, used)) = decoded {
+            self.rest = &after[used..];
+            Some(Ok(write))
+        } else {
+            self.rest = &[];
+            Some(Err("malformed write inside a batch record"))
         }
     }
 }
