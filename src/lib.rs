@@ -269,6 +269,13 @@ pub mod internals {
                 match op {
                     crate::wal::LogOp::Insert { key, value } => apply(lsn, key, Some(value)),
                     crate::wal::LogOp::Remove { key } => apply(lsn, key, None),
+                    crate::wal::LogOp::Batch { body } => {
+                        for write in crate::wal::batch_writes(body) {
+                            let (key, value) = write
+                                .map_err(|reason| crate::Error::corruption("wal", None, reason))?;
+                            apply(lsn, key, value);
+                        }
+                    }
                 }
                 Ok(())
             })?;

@@ -264,3 +264,17 @@ fn the_last_write_of_a_key_in_a_batch_wins() {
     // An empty batch commits and changes nothing.
     tree.batch().commit().expect("empty batch");
 }
+
+#[test]
+fn a_batch_is_built_on_one_thread_and_committed_on_another() {
+    fn assert_send<T: Send + 'static>(_: &T) {}
+    let tree = Tree::open(Config::in_memory()).expect("open");
+    let mut b = tree.batch();
+    b.insert(&tree.default_keyspace(), b"k", b"v");
+    assert_send(&b);
+    std::thread::spawn(move || b.commit())
+        .join()
+        .expect("thread")
+        .expect("commit");
+    assert_eq!(tree.get(b"k").expect("get"), Some(b"v".to_vec()));
+}

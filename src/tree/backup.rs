@@ -72,9 +72,14 @@ fn create_target(target: &Path) -> Result<()> {
     if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::sys::create_private_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
-    let mut builder = fs::DirBuilder::new();
     #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    let builder = {
+        let mut b = fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b
+    };
+    #[cfg(not(unix))]
+    let builder = fs::DirBuilder::new();
     builder.create(target).map_err(|e| Error::io(target, e))
 }
 

@@ -12,6 +12,7 @@
 //! | persistence | `persist.rs` | open, recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
 //! | background | `background.rs` | evictor and checkpointer threads | `Shared::nudge_evictors`, `Background::nudge_checkpointer` |
 //! | counters | `stats.rs` | what the tree did | `Counters::count(Event)` |
+//! | batches | `batch.rs`, `commit.rs`, `rewind.rs` | the public `Batch`, its commit, the batch sequence | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
 //!
 //! `shared.rs` composes them into `Shared`, the state every handle, iterator and background
 //! thread of one open tree shares; `api.rs` is the public [`Tree`] over it, `scan.rs` the
@@ -27,6 +28,8 @@
 //!   may no longer own the key, so it unlocks and restarts.
 //! - Lock order: leaf lock, then the structure lock. A thread that holds a leaf lock only
 //!   ever *tries* the structure lock; when that fails it releases everything and restarts.
+//!   Only a batch commit (`commit.rs`) waits for a leaf lock while holding others, and it
+//!   takes them in key order.
 //!   So the holder of the structure lock (a checkpoint) may block on leaf locks without
 //!   deadlock.
 //! - Nobody evicts while holding a leaf lock: an operation that cannot allocate releases its

@@ -65,7 +65,7 @@ pub struct Range<'t> {
     finished: bool,
     /// The last batch number when the scan started: later batches are kept out of what it
     /// yields (`rewind.rs`).
-    start: u64,
+    start: super::rewind::ScanStart,
 }
 
 /// Whether `key` is at or past the end bound `end` (going up).

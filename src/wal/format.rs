@@ -10,8 +10,11 @@ use crate::store::checksum;
 
 /// First bytes of every segment file.
 pub(crate) const MAGIC: [u8; 8] = *b"BFKVWAL\0";
-/// Format version written into segment headers; a reader rejects any other.
-pub(crate) const VERSION: u32 = 2;
+/// Format version written into segment headers: 3 since batch records exist, so a bfkv
+/// that knows no batch refuses the segment instead of cutting the log at the first one.
+pub(crate) const VERSION: u32 = 3;
+/// The version before batch records, still read (its segments hold no batch).
+const VERSION_BEFORE_BATCHES: u32 = 2;
 /// Bytes reserved for the segment header; records start at this file offset.
 pub(crate) const HEADER_SIZE: u64 = 64;
 /// Bytes of the header covered by its checksum (magic .. first LSN).
@@ -302,7 +305,8 @@ impl SegmentHeader {
         if crc != checksum::crc32c(&b[..HEADER_CHECKED]) {
             return Err("log segment header checksum mismatch");
         }
-        if u32::from_le_bytes([b[8], b[9], b[10], b[11]]) != VERSION {
+        let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if version != VERSION && version != VERSION_BEFORE_BATCHES {
             return Err("unsupported log format version");
         }
         let segment_size = le_u64(&b[16..24]);
