@@ -33,6 +33,11 @@ pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
 /// Yields `Result<(key, value)>`: an I/O or corruption error while reading a leaf is
 /// returned once, after which the iterator ends.
 ///
+/// An iterator sees every [`Batch`](crate::Batch) committed before it was created whole,
+/// and none committed after. For that, while it lives, each later batch keeps the old
+/// values of its keys in memory: drop iterators you are done with rather than keep them
+/// idle.
+///
 /// ```
 /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
 /// for i in 0u8..10 {
