@@ -19,7 +19,7 @@
 use std::ops::Range;
 
 use super::inner::Path;
-use super::leaf::{apply, node_records, with_page_buf, MINI_OVERHEAD};
+use super::leaf::{apply, node_records, MINI_OVERHEAD};
 use super::rewind::Undo;
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, WriteOp, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
@@ -277,19 +277,9 @@ impl Shared {
             }
         }
         // Too many for a mini-page: the whole leaf as a mirror.
-        let records = if disk == NO_PAGE {
-            Vec::new()
-        } else {
-            self.disk_records(disk)?
-        };
-        self.plan_rebuilt(
-            path,
-            page,
-            writes,
-            &records,
-            (disk != NO_PAGE).then_some(disk),
-            0,
-        )
+        let disk = (disk != NO_PAGE).then_some(disk);
+        let records = self.leaf_records(None, disk)?;
+        self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
 
     /// `plan_leaf` for a full-page mirror.
@@ -309,10 +299,7 @@ impl Shared {
             // for the current bounds, records unchanged.
             let records = node_records(node);
             let key = writes[0].0.clone();
-            return Ok(match self.rebuild_leaf(path, page, &key, &records)? {
-                Step::Done(_) => Step::Restart(Restart::Retry),
-                Step::Restart(r) => Step::Restart(r),
-            });
+            return Ok(self.rebuild_leaf(path, page, &key, &records)?.then_retry());
         }
         let puts = writes
             .iter()
@@ -335,10 +322,7 @@ impl Shared {
     ) -> Attempt<Plan<'p>> {
         if !prefix_ok {
             // As for a mirror; a mini-page is first merged into one (content unchanged).
-            return Ok(match self.to_mirror(path, page)? {
-                Step::Done(()) | Step::Restart(Restart::Retry) => Step::Restart(Restart::Retry),
-                Step::Restart(r) => Step::Restart(r),
-            });
+            return Ok(self.to_mirror(path, page)?.then_retry());
         }
         let Some(bytes) = page.mini() else {
             return Ok(Step::Restart(Restart::Retry));
@@ -372,19 +356,7 @@ impl Shared {
         }
         // Past the threshold: the mini-page merged with its disk leaf, as a mirror.
         let disk = node.disk_page();
-        let records = match disk {
-            Some(d) => with_page_buf(self.page_size(), |buf| -> Result<Vec<Record>> {
-                self.storage().read_page(d, buf)?;
-                let leaf = self.storage().check_leaf(d, buf)?;
-                if leaf.flags() & FLAG_DAMAGED != 0 {
-                    return Err(self
-                        .storage()
-                        .corruption(Some(d), "a damaged leaf cannot take more writes"));
-                }
-                Ok(node::merge_sorted(leaf, node))
-            })?,
-            None => super::leaf::live_records(node),
-        };
+        let records = self.leaf_records(Some(node), disk)?;
         self.counters().count(Event::Merge);
         self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
@@ -459,26 +431,9 @@ impl Shared {
             start = end;
         }
         let key = writes[0].0.clone();
-        Ok(
-            match self.split_into(path, page, &key, records, &groups, disk)? {
-                Step::Done(_) => Step::Restart(Restart::Retry),
-                Step::Restart(r) => Step::Restart(r),
-            },
-        )
-    }
-
-    /// The records of disk leaf `disk`.
-    fn disk_records(&self, disk: u64) -> Result<Vec<Record>> {
-        with_page_buf(self.page_size(), |buf| {
-            self.storage().read_page(disk, buf)?;
-            let leaf = self.storage().check_leaf(disk, buf)?;
-            if leaf.flags() & FLAG_DAMAGED != 0 {
-                return Err(self
-                    .storage()
-                    .corruption(Some(disk), "a damaged leaf cannot take more writes"));
-            }
-            Ok(node_records(leaf))
-        })
+        Ok(self
+            .split_into(path, page, &key, records, &groups, disk)?
+            .then_retry())
     }
 
     /// Carries out a plan; true if it left a mirror with no records.

@@ -6,7 +6,7 @@
 //! needs memory it cannot get restarts before changing anything.
 
 use super::inner::{Entry, Path};
-use super::leaf::{live_records, with_page_buf, Written};
+use super::leaf::{live_records, node_records, with_page_buf, Written};
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::{Error, Result};
@@ -26,20 +26,7 @@ impl Shared {
         };
         let mini = NodeRef::from_bytes(bytes);
         let disk = mini.disk_page();
-        let records = match disk {
-            Some(p) => with_page_buf(self.page_size(), |buf| -> Result<Vec<Record>> {
-                self.storage().read_page(p, buf)?;
-                let leaf = self.storage().check_leaf(p, buf)?;
-                if leaf.flags() & FLAG_DAMAGED != 0 {
-                    // A mirror says it holds every record of its leaf; this one cannot.
-                    return Err(self
-                        .storage()
-                        .corruption(Some(p), "a damaged leaf cannot take more writes"));
-                }
-                Ok(node::merge_sorted(leaf, mini))
-            })?,
-            None => live_records(mini),
-        };
+        let records = self.leaf_records(Some(mini), disk)?;
         let dirty = mini.dirty_count() > 0;
         self.counters().count(Event::Merge);
         let (low, high) = path.bounds();
@@ -48,12 +35,9 @@ impl Shared {
             // The merged records need several leaves. After the split the pending write may
             // belong to a new sibling, so the operation restarts from the root.
             let key = records[0].key.clone();
-            return Ok(
-                match self.split_into(path, page, &key, &records, &groups, disk)? {
-                    Step::Done(_) => Step::Restart(Restart::Retry),
-                    Step::Restart(r) => Step::Restart(r),
-                },
-            );
+            return Ok(self
+                .split_into(path, page, &key, &records, &groups, disk)?
+                .then_retry());
         }
         let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
             return Ok(Step::Restart(Restart::NeedSpace));
@@ -79,6 +63,36 @@ impl Shared {
             self.pool().dealloc(old);
         }
         Ok(Step::Done(()))
+    }
+
+    /// Every record of a leaf whose buffered node is `mini` (if any) over disk page `disk`
+    /// (if any): the disk leaf's records with the mini-page's merged over them (newest wins,
+    /// tombstones hide), as a mirror of the leaf would hold them.
+    ///
+    /// # Errors
+    /// `Io` or `Corruption` reading the page; `Corruption` for a damaged leaf, which a
+    /// mirror (claiming every record) cannot stand for.
+    pub(super) fn leaf_records(
+        &self,
+        mini: Option<NodeRef<'_>>,
+        disk: Option<u64>,
+    ) -> Result<Vec<Record>> {
+        let Some(p) = disk else {
+            return Ok(mini.map(live_records).unwrap_or_default());
+        };
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(p, buf)?;
+            let leaf = self.storage().check_leaf(p, buf)?;
+            if leaf.flags() & FLAG_DAMAGED != 0 {
+                return Err(self
+                    .storage()
+                    .corruption(Some(p), "a damaged leaf cannot take more writes"));
+            }
+            Ok(match mini {
+                Some(mini) => node::merge_sorted(leaf, mini),
+                None => node_records(leaf),
+            })
+        })
     }
 
     /// Rebuilds a mirror from `records` with the leaf's current bounds, splitting if they do

@@ -127,5 +127,16 @@ pub(crate) enum Step<T> {
     Restart(Restart),
 }
 
+impl<T> Step<T> {
+    /// After a change of structure that kept the content (a split, a rebuild): the
+    /// operation it served must restart from the root, whose route may have changed.
+    pub(crate) fn then_retry<U>(self) -> Step<U> {
+        match self {
+            Step::Done(_) => Step::Restart(Restart::Retry),
+            Step::Restart(r) => Step::Restart(r),
+        }
+    }
+}
+
 /// Result of one attempt: an error, or a [`Step`].
 pub(crate) type Attempt<T> = Result<Step<T>>;
