@@ -91,6 +91,21 @@ pub struct Config {
     pub(crate) checkpoint_log_bytes: u64,
     pub(crate) log_segment_size: u64,
     pub(crate) log_staging_size: usize,
+    pub(crate) merge_operator: Option<MergeOperator>,
+}
+
+/// The function [`Config::merge_operator`] installs: `(key, old value, operand) -> new value`
+/// (`None` removes the key).
+pub(crate) type MergeFn = dyn Fn(&[u8], Option<&[u8]>, &[u8]) -> Option<Vec<u8>> + Send + Sync;
+
+/// A tree's merge operator, shared by every thread that folds operands.
+#[derive(Clone)]
+pub(crate) struct MergeOperator(pub(crate) std::sync::Arc<MergeFn>);
+
+impl std::fmt::Debug for MergeOperator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MergeOperator")
+    }
 }
 
 impl Config {
@@ -138,6 +153,7 @@ impl Config {
             checkpoint_log_bytes: 128 << 20,
             log_segment_size: DEFAULT_LOG_SEGMENT_SIZE,
             log_staging_size: DEFAULT_LOG_STAGING_SIZE,
+            merge_operator: None,
         }
     }
 
@@ -244,6 +260,37 @@ impl Config {
     #[must_use]
     pub fn merge_threshold(mut self, bytes: usize) -> Self {
         self.merge_threshold = Some(bytes);
+        self
+    }
+
+    /// The function that combines a key's value with a merge operand, for
+    /// [`Tree::merge`](crate::Tree::merge): it gets the key (without its keyspace), the current
+    /// value (`None` if absent) and the operand, and returns the new value (`None` removes the
+    /// key). A merge is blind: it buffers the operand in the leaf's mini-page without reading
+    /// the old value, and the operands are folded over it, in the order they were
+    /// acknowledged, when the key is read or its leaf is written back. The same operator must
+    /// be configured whenever the tree is opened: a log holding merges cannot be replayed
+    /// without it (`Err(InvalidConfig)` at open). It must be deterministic, and return at
+    /// most [`Limits::max_value_len`] bytes; a longer result is `Err(ValueTooLarge)` for the
+    /// call that folds it, and the operands stay buffered.
+    ///
+    /// ```
+    /// let add = |_key: &[u8], old: Option<&[u8]>, operand: &[u8]| {
+    ///     let n = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    ///     Some((n(old) + n(Some(operand))).to_le_bytes().to_vec())
+    /// };
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().merge_operator(add))?;
+    /// tree.merge(b"visits", 1u64.to_le_bytes())?;
+    /// tree.merge(b"visits", 2u64.to_le_bytes())?;
+    /// assert_eq!(tree.get(b"visits")?, Some(3u64.to_le_bytes().to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    #[must_use]
+    pub fn merge_operator(
+        mut self,
+        operator: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Option<Vec<u8>> + Send + Sync + 'static,
+    ) -> Self {
+        self.merge_operator = Some(MergeOperator(std::sync::Arc::new(operator)));
         self
     }
 

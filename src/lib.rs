@@ -269,11 +269,16 @@ pub mod internals {
                 match op {
                     crate::wal::LogOp::Insert { key, value } => apply(lsn, key, Some(value)),
                     crate::wal::LogOp::Remove { key } => apply(lsn, key, None),
+                    crate::wal::LogOp::Merge { key, operands } => apply(lsn, key, Some(operands)),
                     crate::wal::LogOp::Batch { body } => {
                         for write in crate::wal::batch_writes(body) {
                             let (key, value) = write
                                 .map_err(|reason| crate::Error::corruption("wal", None, reason))?;
-                            apply(lsn, key, value);
+                            match value {
+                                crate::wal::BatchValue::Put(v) => apply(lsn, key, Some(v)),
+                                crate::wal::BatchValue::Remove => apply(lsn, key, None),
+                                crate::wal::BatchValue::Merge(ops) => apply(lsn, key, Some(ops)),
+                            }
                         }
                     }
                 }

@@ -1,7 +1,8 @@
 //! The tree against `std::collections::BTreeMap`: seeded random sequences of inserts,
-//! removes, gets, compare-and-swaps, ranges (both directions, every bound kind), keyspace
-//! drops and close+reopen, spread over the default keyspace and two named ones (one model
-//! map each), with caches so small that eviction, merges, splits and copy-on-access run
+//! removes, merges (with an appending merge operator), gets, compare-and-swaps, atomic
+//! batches (of all three), ranges (both directions, every bound kind), keyspace drops and
+//! close+reopen, spread over the default keyspace and two named ones (one model map each),
+//! with caches so small that eviction, mini-page merges, splits and copy-on-access run
 //! constantly.
 //!
 //! A failure prints the seed; rerun one with `BFKV_SEED=<seed> cargo test --release --test
@@ -63,6 +64,38 @@ fn btree_accepts(lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
 
 type Kv = (Vec<u8>, Vec<u8>);
 
+/// The merge operator of every run: appends the operand and the key's length to the value,
+/// keeping the last 700 bytes; the operand `-` removes the key.
+fn append(key: &[u8], old: Option<&[u8]>, operand: &[u8]) -> Option<Vec<u8>> {
+    if operand == b"-" {
+        return None;
+    }
+    let mut v = old.map(<[u8]>::to_vec).unwrap_or_default();
+    v.extend_from_slice(operand);
+    v.push(key.len() as u8);
+    if v.len() > 700 {
+        v.drain(..v.len() - 700);
+    }
+    Some(v)
+}
+
+/// A merge operand: mostly a few bytes, now and then the removing `-`.
+fn operand(rng: &mut StdRng) -> Vec<u8> {
+    if rng.gen_ratio(1, 15) {
+        return b"-".to_vec();
+    }
+    let len = rng.gen_range(0..12);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+/// `model` after a merge of `operand` into `k`.
+fn merge_model(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, k: &[u8], operand: &[u8]) {
+    match append(k, model.get(k).map(Vec::as_slice), operand) {
+        Some(v) => model.insert(k.to_vec(), v),
+        None => model.remove(k),
+    };
+}
+
 /// The named keyspaces every run uses besides the default one.
 const NAMED: [&str; 2] = ["alpha", "beta"];
 
@@ -84,6 +117,12 @@ impl<'a> Target<'a> {
         match self {
             Target::Tree(t) => t.remove(k),
             Target::Space(s) => s.remove(k),
+        }
+    }
+    fn merge(self, k: &[u8], operand: &[u8]) -> Result<()> {
+        match self {
+            Target::Tree(t) => t.merge(k, operand),
+            Target::Space(s) => s.merge(k, operand),
         }
     }
     fn get(self, k: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -222,7 +261,8 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
             Config::in_memory().cache_size(cache)
         } else {
             Config::new(dir.path()).cache_size(cache)
-        };
+        }
+        .merge_operator(append);
         match merge {
             Some(m) => c.merge_threshold(m),
             None => c,
@@ -246,12 +286,18 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
         };
         let model = &mut models[s];
         let roll = rng.gen_range(0..1000);
-        if roll < 520 {
+        if roll < 430 {
             let (k, v) = (key(&mut rng, space), value(&mut rng));
             target
                 .insert(&k, &v)
                 .unwrap_or_else(|e| panic!("seed {seed} op {op}: insert: {e}"));
             model.insert(k, v);
+        } else if roll < 520 {
+            let (k, o) = (key(&mut rng, space), operand(&mut rng));
+            target
+                .merge(&k, &o)
+                .unwrap_or_else(|e| panic!("seed {seed} op {op}: merge: {e}"));
+            merge_model(model, &k, &o);
         } else if roll < 700 {
             let k = key(&mut rng, space);
             target
@@ -292,18 +338,31 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
             };
             let default = tree.default_keyspace();
             let mut batch = tree.batch();
-            let mut writes: Vec<(usize, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            // (keyspace, key, value or operand, kind: 0 insert, 1 remove, 2 merge)
+            let mut writes: Vec<(usize, Vec<u8>, Vec<u8>, u8)> = Vec::new();
             for _ in 0..n {
                 let t = rng.gen_range(0..=NAMED.len());
                 let ks = if t == 0 { &default } else { &spaces[t - 1] };
-                let k = key(&mut rng, space);
-                if rng.gen_ratio(3, 4) {
-                    let v = value(&mut rng);
-                    batch.insert(ks, &k, &v);
-                    writes.push((t, k, Some(v)));
-                } else {
-                    batch.remove(ks, &k);
-                    writes.push((t, k, None));
+                // Sometimes a key written earlier in the batch again.
+                let k = match writes.last() {
+                    Some(w) if w.0 == t && rng.gen_ratio(1, 8) => w.1.clone(),
+                    _ => key(&mut rng, space),
+                };
+                match rng.gen_range(0..8) {
+                    0..=3 => {
+                        let v = value(&mut rng);
+                        batch.insert(ks, &k, &v);
+                        writes.push((t, k, v, 0));
+                    }
+                    4 | 5 => {
+                        batch.remove(ks, &k);
+                        writes.push((t, k, Vec::new(), 1));
+                    }
+                    _ => {
+                        let o = operand(&mut rng);
+                        batch.merge(ks, &k, &o);
+                        writes.push((t, k, o, 2));
+                    }
                 }
             }
             let invalid = rng.gen_ratio(1, 20);
@@ -319,11 +378,16 @@ fn run(seed: u64, ops: usize, cache: usize, in_memory: bool) {
                 );
             } else {
                 result.unwrap_or_else(|e| panic!("seed {seed} op {op}: batch: {e}"));
-                for (t, k, v) in writes {
-                    match v {
-                        Some(v) => models[t].insert(k, v),
-                        None => models[t].remove(&k),
-                    };
+                for (t, k, v, kind) in writes {
+                    match kind {
+                        0 => {
+                            models[t].insert(k, v);
+                        }
+                        1 => {
+                            models[t].remove(&k);
+                        }
+                        _ => merge_model(&mut models[t], &k, &v),
+                    }
                 }
             }
         } else if roll < 960 {

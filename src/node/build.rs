@@ -105,10 +105,21 @@ fn copy_into(
     Ok(())
 }
 
+/// Folds a key's pending merge operands (an Upsert record's value) over its value below:
+/// `(key, value below, operands) -> new value` (`None`: absent), or an error.
+pub(crate) type Fold<'f, E> =
+    dyn FnMut(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>, E> + 'f;
+
 /// All records of `leaf` with the dirty records of `mini` applied (newest wins, tombstones
-/// delete, cache and phantom records dropped), sorted, as Insert records. Leaf records of a
-/// non-existing kind (tombstone, phantom: not expected in a leaf) are dropped too.
-pub(crate) fn merge_sorted(leaf: NodeRef<'_>, mini: NodeRef<'_>) -> Vec<Record> {
+/// delete, cache and phantom records dropped), sorted, as Insert records. An Upsert record's
+/// value goes to `fold` with the key and the leaf's value (if any): it returns the key's new
+/// value (`None`: absent) or an error, which this returns. Leaf records of a non-existing
+/// kind (tombstone, phantom: not expected in a leaf) are dropped too.
+pub(crate) fn merge_sorted<E>(
+    leaf: NodeRef<'_>,
+    mini: NodeRef<'_>,
+    fold: &mut Fold<'_, E>,
+) -> Result<Vec<Record>, E> {
     let mut out = Vec::with_capacity(leaf.len() + mini.len());
     let (mut i, mut j) = (0, 0);
     let (mut lk, mut mk) = (Vec::new(), Vec::new());
@@ -132,7 +143,13 @@ pub(crate) fn merge_sorted(leaf: NodeRef<'_>, mini: NodeRef<'_>) -> Vec<Record> 
         let (take_leaf, take_mini) = (ord != Ordering::Greater, ord != Ordering::Less);
         let mini_kind = take_mini.then(|| mini.record_kind(j));
         match mini_kind {
-            Some(RecordKind::Insert | RecordKind::Upsert) => out.push(insert(&mk, mini.value(j))),
+            Some(RecordKind::Insert) => out.push(insert(&mk, mini.value(j))),
+            Some(RecordKind::Upsert) => {
+                let base = (take_leaf && leaf.record_kind(i).exists()).then(|| leaf.value(i));
+                if let Some(v) = fold(&mk, base, mini.value(j))? {
+                    out.push(insert(&mk, &v));
+                }
+            }
             Some(RecordKind::Tombstone) => {}
             Some(RecordKind::Cache | RecordKind::Phantom) | None => {
                 if take_leaf && leaf.record_kind(i).exists() {
@@ -153,7 +170,7 @@ pub(crate) fn merge_sorted(leaf: NodeRef<'_>, mini: NodeRef<'_>) -> Vec<Record> 
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Shortest separator `s` with `a < s <= b` (requires `a < b`): the shortest prefix of `b`

@@ -126,7 +126,8 @@ pub(crate) enum RecordKind {
     Tombstone = 2,
     /// A cached negative lookup: the key is known to be absent.
     Phantom = 3,
-    /// A buffered read-modify-write; its value is the complete new value at this layer.
+    /// A buffered merge (Bε upsert): its value is the key's pending merge operands, which
+    /// the tree folds over the value below it (`tree/merge.rs`). Never in a leaf page.
     Upsert = 4,
 }
 

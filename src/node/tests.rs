@@ -374,10 +374,10 @@ fn merge_from_applies_dirty_records_only() {
     m.upsert(b"k01", b"new", RecordKind::Insert).unwrap();
     m.upsert(b"k02", b"", RecordKind::Tombstone).unwrap();
     m.upsert(b"k03", b"cached", RecordKind::Cache).unwrap();
-    m.upsert(b"k04", b"upserted", RecordKind::Upsert).unwrap();
+    m.upsert(b"k04", b"upserted", RecordKind::Insert).unwrap();
     m.upsert(b"k50", b"", RecordKind::Phantom).unwrap();
     m.upsert(b"k51", b"", RecordKind::Tombstone).unwrap();
-    m.upsert(b"k52", b"fresh", RecordKind::Upsert).unwrap();
+    m.upsert(b"k52", b"fresh", RecordKind::Insert).unwrap();
     l.merge_from(m.as_ref()).unwrap();
     let r = l.as_ref();
     assert_eq!(r.len(), 10);
@@ -388,7 +388,7 @@ fn merge_from_applies_dirty_records_only() {
     assert_eq!(r.get(b"k50"), None);
     assert_eq!(r.get(b"k52"), Some((9, RecordKind::Insert, &b"fresh"[..])));
     valid(r);
-    let merged = merge_sorted(leaf(&mut buf(4096), 10).as_ref(), m.as_ref());
+    let merged = merge_sorted(leaf(&mut buf(4096), 10).as_ref(), m.as_ref(), &mut no_fold).unwrap();
     let want: Vec<Vec<u8>> = keys(r);
     assert_eq!(
         merged.iter().map(|x| x.key.to_vec()).collect::<Vec<_>>(),
@@ -400,6 +400,57 @@ fn merge_from_applies_dirty_records_only() {
             (r.value(i), RecordKind::Insert)
         );
     }
+}
+
+/// A fold for mini-pages without Upsert records.
+fn no_fold(_: &[u8], _: Option<&[u8]>, _: &[u8]) -> Result<Option<Vec<u8>>, ()> {
+    Err(())
+}
+
+#[test]
+fn upserts_fold_over_the_leaf_value_and_are_refused_by_merge_from() {
+    let mut lb = buf(4096);
+    let mut l = leaf(&mut lb, 3);
+    let mut mb = buf(512);
+    let mut m = NodeMut::init(&mut mb, NodeKind::Mini, None, None);
+    m.upsert(b"k00", b"+a", RecordKind::Upsert).unwrap();
+    m.upsert(b"k01", b"", RecordKind::Upsert).unwrap();
+    m.upsert(b"k07", b"+b", RecordKind::Upsert).unwrap();
+    let before = l.as_ref().bytes().to_vec();
+    assert_eq!(l.merge_from(m.as_ref()), Err(NoSpace));
+    assert_eq!(l.as_ref().bytes(), &before[..]);
+    // Append the operand to the old value; an empty operand deletes.
+    let mut seen = Vec::new();
+    let mut fold = |k: &[u8], old: Option<&[u8]>, ops: &[u8]| {
+        seen.push((k.to_vec(), old.map(<[u8]>::to_vec)));
+        Ok::<_, ()>((!ops.is_empty()).then(|| [old.unwrap_or_default(), ops].concat()))
+    };
+    let merged = merge_sorted(l.as_ref(), m.as_ref(), &mut fold).unwrap();
+    let got: Vec<(Vec<u8>, Vec<u8>)> = merged
+        .iter()
+        .map(|r| (r.key.to_vec(), r.value.to_vec()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (b"k00".to_vec(), b"\0+a".to_vec()),
+            (b"k02".to_vec(), vec![2]),
+            (b"k07".to_vec(), b"+b".to_vec()),
+        ]
+    );
+    assert_eq!(
+        seen,
+        vec![
+            (b"k00".to_vec(), Some(vec![0])),
+            (b"k01".to_vec(), Some(vec![1])),
+            (b"k07".to_vec(), None)
+        ]
+    );
+    let mut failing = |_: &[u8], _: Option<&[u8]>, _: &[u8]| Err::<Option<Vec<u8>>, _>("no");
+    assert_eq!(
+        merge_sorted(l.as_ref(), m.as_ref(), &mut failing),
+        Err("no")
+    );
 }
 
 #[test]

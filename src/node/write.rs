@@ -310,13 +310,13 @@ impl<'a> NodeMut<'a> {
         Ok(())
     }
 
-    /// Applies a mini-page's dirty records: insert/upsert are stored as Insert (newest wins),
+    /// Applies a mini-page's dirty records: inserts are stored as Insert (newest wins),
     /// tombstones remove the key; cache and phantom records are skipped.
     ///
     /// # Errors
     /// [`NoSpace`], with the leaf unchanged, if the result would not fit (or a mini-page key
-    /// lies outside this node's prefix); the caller rebuilds with `merge_sorted` and
-    /// `split_records`.
+    /// lies outside this node's prefix, or the mini-page holds Upsert records, which need
+    /// the merge operator); the caller rebuilds with `merge_sorted` and `split_records`.
     pub(crate) fn merge_from(&mut self, mini: NodeRef<'_>) -> Result<(), NoSpace> {
         let mut key = Vec::new();
         // Space check first, against the unchanged leaf: each mini key is touched once.
@@ -326,6 +326,9 @@ impl<'a> NodeMut<'a> {
             let kind = mini.record_kind(j);
             if !kind.is_dirty() {
                 continue;
+            }
+            if kind == RecordKind::Upsert {
+                return Err(NoSpace);
             }
             mini.key_into(j, &mut key);
             let Ok(suffix) = leaf.strip_prefix(&key) else {
@@ -371,13 +374,9 @@ impl<'a> NodeMut<'a> {
                         self.remove_at(i);
                         false
                     }
-                    (1, RecordKind::Insert | RecordKind::Upsert, Some((_, old))) => {
-                        value.len() <= old
-                    }
-                    (2, RecordKind::Insert | RecordKind::Upsert, Some((_, old))) => {
-                        value.len() > old
-                    }
-                    (2, RecordKind::Insert | RecordKind::Upsert, None) => true,
+                    (1, RecordKind::Insert, Some((_, old))) => value.len() <= old,
+                    (2, RecordKind::Insert, Some((_, old))) => value.len() > old,
+                    (2, RecordKind::Insert, None) => true,
                     _ => false,
                 };
                 if apply && self.upsert(&key, value, RecordKind::Insert).is_err() {

@@ -118,6 +118,39 @@ impl Tree {
         self.shared.get_in(self.default_space(), key.as_ref())
     }
 
+    /// Merges `operand` into the value of `key` with the merge operator configured by
+    /// [`Config::merge_operator`](crate::Config::merge_operator), without reading the value: a
+    /// blind upsert (Bε-tree), buffered in the key's mini-page and folded over the value when
+    /// the key is read or its leaf is written back. A counter or an append costs one buffered
+    /// write instead of a read and a write. Operands apply in the order their merges were
+    /// acknowledged, and each exactly once, after a crash too. Durable like an
+    /// [`insert`](Tree::insert).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) without a merge operator (nothing
+    /// written); otherwise as [`Tree::insert`] (the limits apply to `key` and `operand`), and
+    /// `ValueTooLarge` if the fold this merge triggers returns a value past the limit.
+    ///
+    /// ```
+    /// let add = |_key: &[u8], old: Option<&[u8]>, operand: &[u8]| {
+    ///     let n = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    ///     Some((n(old) + n(Some(operand))).to_le_bytes().to_vec())
+    /// };
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().merge_operator(add))?;
+    /// for _ in 0..3 {
+    ///     tree.merge(b"hits", 1u64.to_le_bytes())?;
+    /// }
+    /// assert_eq!(tree.get(b"hits")?, Some(3u64.to_le_bytes().to_vec()));
+    /// // Without an operator a merge is refused.
+    /// let plain = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// assert!(matches!(plain.merge(b"hits", b"1"), Err(bfkv::Error::InvalidConfig { .. })));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn merge(&self, key: impl AsRef<[u8]>, operand: impl AsRef<[u8]>) -> Result<()> {
+        self.shared
+            .merge_in(self.default_space(), key.as_ref(), operand.as_ref())
+    }
+
     /// Atomically replaces the value of `key` with `new` if its current value is
     /// `expected`, and returns whether it was. `None` as `expected` means "absent" (an
     /// empty value is present); `None` as `new` removes the key. The comparison and the

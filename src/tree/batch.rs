@@ -1,7 +1,7 @@
 //! The public [`Batch`]: writes to any keyspaces of one tree, applied all or nothing
 //! (`commit.rs` applies them).
 
-use super::commit::Write;
+use super::commit::{Change, Write};
 use super::keyspace::{Keyspace, Space};
 use super::Shared;
 use crate::error::{Error, Result};
@@ -67,7 +67,10 @@ impl Batch {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn insert(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
-        self.add(keyspace, key.as_ref(), Some(value.as_ref()));
+        let value = value.as_ref();
+        self.add(keyspace, key.as_ref(), value, || {
+            Change::Put(value.to_vec())
+        });
     }
 
     /// Adds a removal of `key` from `keyspace` (nothing happens to an absent key).
@@ -82,7 +85,37 @@ impl Batch {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn remove(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>) {
-        self.add(keyspace, key.as_ref(), None);
+        self.add(keyspace, key.as_ref(), &[], || Change::Delete);
+    }
+
+    /// Adds a merge of `operand` into the value of `key` in `keyspace`, as
+    /// [`Tree::merge`](crate::Tree::merge) does it: blind, folded by the tree's merge operator.
+    /// Within the batch it applies after the batch's earlier writes to the key. Without a
+    /// merge operator the batch fails whole with `Err(InvalidConfig)` at
+    /// [`commit`](Batch::commit).
+    ///
+    /// ```
+    /// let add = |_: &[u8], old: Option<&[u8]>, operand: &[u8]| {
+    ///     let n = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    ///     Some((n(old) + n(Some(operand))).to_le_bytes().to_vec())
+    /// };
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().merge_operator(add))?;
+    /// let (orders, totals) = (tree.keyspace("orders")?, tree.keyspace("totals")?);
+    /// let mut batch = tree.batch();
+    /// batch.insert(&orders, b"order-1", b"3 books");
+    /// batch.merge(&totals, b"books", 3u64.to_le_bytes());
+    /// batch.commit()?;
+    /// assert_eq!(totals.get(b"books")?, Some(3u64.to_le_bytes().to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn merge(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>, operand: impl AsRef<[u8]>) {
+        if self.error.is_none() && self.shared.config().merge_operator.is_none() {
+            self.error = Some(super::merge::no_operator());
+        }
+        let operand = operand.as_ref();
+        self.add(keyspace, key.as_ref(), operand, || {
+            Change::Merge(super::merge::one_operand(operand))
+        });
     }
 
     /// The number of writes added.
@@ -158,7 +191,13 @@ impl Batch {
     }
 
     /// Adds one write, or notes why it is invalid.
-    fn add(&mut self, keyspace: &Keyspace, key: &[u8], value: Option<&[u8]>) {
+    fn add(
+        &mut self,
+        keyspace: &Keyspace,
+        key: &[u8],
+        value: &[u8],
+        change: impl FnOnce() -> Change,
+    ) {
         if self.error.is_some() {
             return;
         }
@@ -169,7 +208,7 @@ impl Batch {
             });
             return;
         }
-        if let Err(e) = self.shared.limits().check(key, value.unwrap_or_default()) {
+        if let Err(e) = self.shared.limits().check(key, value) {
             self.error = Some(e);
             return;
         }
@@ -177,9 +216,9 @@ impl Batch {
             self.spaces.push(space.clone());
         }
         let key = space.prefix().key(key).to_vec();
-        self.len_bytes +=
-            crate::wal::batch_write_len(key.len(), value.map_or(0, <[u8]>::len)) as usize;
-        self.writes.push((key, value.map(<[u8]>::to_vec)));
+        let change = change();
+        self.len_bytes += crate::wal::batch_write_len(key.len(), change.len()) as usize;
+        self.writes.push((key, change));
     }
 }
 

@@ -15,8 +15,10 @@
 //!   (`PageTracker::write_token`) says so: all three change it under the leaf's lock;
 //! - otherwise the leaf now lives in the new page. Its node is marked clean if it is byte
 //!   for byte the node the image was built from; if a write changed it meanwhile, it stays
-//!   dirty and only learns its new page (the image holds every record it had when built,
-//!   and merging them again later is harmless).
+//!   dirty and learns its new page (the image holds every record it had when built, and
+//!   merging them again later is harmless), except for the merge operands the image
+//!   folded: those are taken off the front of the key's pending list (a later write to the
+//!   key either appended to that list or replaced it), so none is folded twice.
 //!
 //! Either way the leaf's image on disk is at least as new as the moment it was built,
 //! after the checkpoint's LSN was taken, which is all a checkpoint needs of it.
@@ -30,7 +32,7 @@ use super::index::SmoGuard;
 use super::page_batch::{Image, PageBatch};
 use super::{Attempt, Shared, Step, FLAG_DIRTY};
 use crate::error::Result;
-use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind};
+use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind, Search};
 use crate::pool::{Location, PageId, WriteGuard};
 
 /// Leaves a pass reads with one `read_batch` and writes with one `write_batch`: enough for
@@ -53,6 +55,8 @@ pub(super) struct Staged {
     new: u64,
     /// The tracker's write token of the leaf when it was built.
     token: u64,
+    /// Its image LSN (`PageTracker`).
+    lsn: crate::wal::Lsn,
     /// The cached node the image was built from.
     node: Vec<u8>,
 }
@@ -213,6 +217,7 @@ impl Shared {
         // Stable while the leaf is locked: whoever writes, splits or removes the leaf
         // changes it under the leaf's lock.
         let token = self.storage().pages().write_token(pid);
+        let lsn = self.journal().image_lsn();
         batch.keep_images_if(pid, token);
         Ok(match self.checkpoint_leaf(&mut page, smo, batch)? {
             Step::Done(Some((old, new))) => Step::Done(Some(Staged {
@@ -220,6 +225,7 @@ impl Shared {
                 old,
                 new,
                 token,
+                lsn,
                 node: page.mini().map(<[u8]>::to_vec).unwrap_or_default(),
             })),
             Step::Done(None) => Step::Done(None),
@@ -289,12 +295,12 @@ impl Shared {
                 self.storage().free(s.new);
                 continue;
             }
-            match self.moved(s.pid, s.old, s.new, AfterWrite::Keep) {
+            match self.moved(s.pid, s.old, s.new, AfterWrite::Keep, s.lsn) {
                 Action::KeepClean(disk) => {
                     if page.mini() == Some(&s.node[..]) {
                         make_clean(&mut page, disk);
                     } else {
-                        set_disk_page(&mut page, disk);
+                        set_disk_page(&mut page, disk, &s.node);
                     }
                 }
                 // `moved` keeps the block for a checkpoint.
@@ -313,10 +319,44 @@ impl Shared {
 }
 
 /// The leaf now lives in page `disk`, but its cached node changed since the image there was
-/// built: it stays dirty.
-fn set_disk_page(page: &mut WriteGuard<'_>, disk: u64) {
-    if let Some(bytes) = page.mini_mut() {
-        NodeMut::from_bytes(bytes).set_disk_page(Some(disk));
+/// built from node `built`: it stays dirty, without the merge operands the image holds.
+fn set_disk_page(page: &mut WriteGuard<'_>, disk: u64, built: &[u8]) {
+    let Some(bytes) = page.mini_mut() else { return };
+    let mut node = NodeMut::from_bytes(bytes);
+    node.set_disk_page(Some(disk));
+    if node.as_ref().kind() != NodeKind::Mini {
+        // A mirror was rebuilt from every record, its operands folded.
+        return;
+    }
+    let built = NodeRef::from_bytes(built);
+    let mut key = Vec::new();
+    for i in 0..built.len() {
+        if built.record_kind(i) != RecordKind::Upsert {
+            continue;
+        }
+        built.key_into(i, &mut key);
+        let folded = built.value(i);
+        let Search::Found(at) = node.as_ref().search(&key) else {
+            continue;
+        };
+        if node.as_ref().record_kind(at) != RecordKind::Upsert {
+            continue;
+        }
+        let pending = node.as_ref().value(at);
+        if !pending.starts_with(folded) {
+            debug_assert!(false, "a pending list only grows");
+            continue;
+        }
+        if pending.len() == folded.len() {
+            node.remove_at(at);
+        } else {
+            let newer = pending[folded.len()..].to_vec();
+            let shrunk = node.upsert(&key, &newer, RecordKind::Upsert);
+            debug_assert!(
+                shrunk.is_ok(),
+                "a shorter value fits where the longer one was"
+            );
+        }
     }
 }
 
@@ -330,10 +370,12 @@ fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
         node.set_flags(flags & !FLAG_DIRTY);
         return;
     }
-    // A mini-page: its dirty records are now in the leaf; keep them as cached answers.
-    for i in 0..node.as_ref().len() {
+    // A mini-page: its dirty records are now in the leaf; keep them as cached answers, but
+    // pending merges, folded into the leaf, have no answer to keep.
+    for i in (0..node.as_ref().len()).rev() {
         match node.as_ref().record_kind(i) {
-            RecordKind::Insert | RecordKind::Upsert => node.set_record_kind(i, RecordKind::Cache),
+            RecordKind::Insert => node.set_record_kind(i, RecordKind::Cache),
+            RecordKind::Upsert => node.remove_at(i),
             RecordKind::Tombstone => node.set_record_kind(i, RecordKind::Phantom),
             RecordKind::Cache | RecordKind::Phantom => {}
         }

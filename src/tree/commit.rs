@@ -16,21 +16,59 @@
 //!    scan may need them, write every node, append the one log record, publish the undo,
 //!    release.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use super::inner::Path;
 use super::leaf::{apply, node_records, MINI_OVERHEAD};
 use super::rewind::Undo;
 use super::stats::Event;
-use super::{Attempt, Restart, Shared, Step, WriteOp, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
+use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::{Error, Result};
 use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind, Search};
 use crate::pool::{Location, NewBlock, WriteGuard};
 use crate::sync;
 
-/// One write of a batch: the stored key (keyspace prefix included) and the new value
-/// (`None`: remove).
-pub(crate) type Write = (Vec<u8>, Option<Vec<u8>>);
+/// One write of a batch: the stored key (keyspace prefix included) and what it does.
+pub(crate) type Write = (Vec<u8>, Change);
+
+/// What a batch does to one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Sets the value.
+    Put(Vec<u8>),
+    /// Removes the key.
+    Delete,
+    /// Merges the operands of this encoded list (`merge.rs`) into the value.
+    Merge(Vec<u8>),
+}
+
+impl Change {
+    /// Bytes of its value (or operand list).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Change::Put(v) | Change::Merge(v) => v.len(),
+            Change::Delete => 0,
+        }
+    }
+
+    /// How the log's batch record holds it.
+    fn logged(&self) -> crate::wal::BatchValue<'_> {
+        match self {
+            Change::Put(v) => crate::wal::BatchValue::Put(v),
+            Change::Delete => crate::wal::BatchValue::Remove,
+            Change::Merge(ops) => crate::wal::BatchValue::Merge(ops),
+        }
+    }
+}
+
+/// A batch write as it goes into one leaf's node: the record put there (a merge resolved
+/// against that node, `Shared::resolve_merge`).
+struct Rec<'w> {
+    key: &'w [u8],
+    value: Cow<'w, [u8]>,
+    kind: RecordKind,
+}
 
 /// Bytes a record takes in a node besides its key suffix and value.
 const RECORD_META: usize = 8;
@@ -54,33 +92,42 @@ enum Attempted {
 }
 
 /// How the batch's writes reach one leaf.
-enum Plan<'g> {
+enum Plan<'g, 'w> {
     /// Nothing to write (removals from a leaf never written).
     Nothing,
-    /// Into the current node, which has room.
-    InPlace,
+    /// These records into the current node, which has room.
+    InPlace(Vec<Rec<'w>>),
     /// This node replaces the current one; the writes are in it.
     Replace(NewBlock<'g>),
 }
 
 impl Shared {
-    /// Applies `writes` (stored keys, any order; the last write of a key wins) atomically:
+    /// Applies `writes` (stored keys, any order; a key's writes apply in order, so a put
+    /// or removal replaces the ones before it and a merge folds over them) atomically:
     /// readers see all of them or none, and the log holds them as one record. Waits for
     /// durability like a single write.
     ///
     /// # Errors
     /// `BatchTooLarge` past [`Limits::max_batch_len`](crate::Limits::max_batch_len); `Io`
-    /// or `Corruption` from a leaf the batch must read, or from the log. Nothing is applied
-    /// on any error but a failure of the log itself, after which the tree refuses every
-    /// call until reopened (as for a single write).
+    /// or `Corruption` from a leaf the batch must read, or from the log; the merge
+    /// operator's errors (`Shared::fold`). Nothing is applied on any error but a failure of
+    /// the log itself, after which the tree refuses every call until reopened (as for a
+    /// single write).
     pub(crate) fn commit_batch(&self, mut writes: Vec<Write>) -> Result<()> {
-        // A stable sort keeps a key's writes in order: the last one is the batch's.
+        let merges = writes
+            .iter()
+            .filter(|(_, c)| matches!(c, Change::Merge(_)))
+            .count() as u64;
+        // A stable sort keeps a key's writes in order.
         writes.sort_by(|a, b| a.0.cmp(&b.0));
         let mut sorted: Vec<Write> = Vec::with_capacity(writes.len());
-        for w in writes {
+        for (key, change) in writes {
             match sorted.last_mut() {
-                Some(last) if last.0 == w.0 => *last = w,
-                _ => sorted.push(w),
+                Some(last) if last.0 == key => {
+                    let before = std::mem::replace(&mut last.1, Change::Delete);
+                    last.1 = self.combine(&key, before, change)?;
+                }
+                _ => sorted.push((key, change)),
             }
         }
         let writes = sorted;
@@ -89,7 +136,7 @@ impl Shared {
         }
         let len: u64 = writes
             .iter()
-            .map(|(k, v)| crate::wal::batch_write_len(k.len(), v.as_ref().map_or(0, Vec::len)))
+            .map(|(k, c)| crate::wal::batch_write_len(k.len(), c.len()))
             .sum();
         let limit = self.limits().max_batch_len;
         if len > limit as u64 {
@@ -102,8 +149,8 @@ impl Shared {
         let mut body = Vec::new();
         if self.journal().logs_writes() {
             body.reserve(len as usize);
-            for (key, value) in &writes {
-                crate::wal::encode_batch_write(&mut body, key, value.as_deref());
+            for (key, change) in &writes {
+                crate::wal::encode_batch_write(&mut body, key, change.logged());
             }
         }
         self.journal().check()?;
@@ -111,6 +158,9 @@ impl Shared {
         loop {
             match self.try_commit(&writes, &body)? {
                 Attempted::Done(appended) => {
+                    if merges > 0 {
+                        self.counters().upserts(merges);
+                    }
                     if let Some(appended) = appended {
                         self.journal().commit(appended)?;
                     }
@@ -127,6 +177,20 @@ impl Shared {
                 Attempted::Retry => self.restart(Restart::Retry, &mut spins)?,
             }
         }
+    }
+
+    /// One key's write `before` followed by `after`, as one write.
+    fn combine(&self, key: &[u8], before: Change, after: Change) -> Result<Change> {
+        let folded = |value: Option<Vec<u8>>| value.map_or(Change::Delete, Change::Put);
+        Ok(match (before, after) {
+            (_, after @ (Change::Put(_) | Change::Delete)) => after,
+            (Change::Merge(mut list), Change::Merge(more)) => {
+                list.extend_from_slice(&more);
+                Change::Merge(list)
+            }
+            (Change::Put(v), Change::Merge(ops)) => folded(self.fold(key, Some(&v), &ops)?),
+            (Change::Delete, Change::Merge(ops)) => folded(self.fold(key, None, &ops)?),
+        })
     }
 
     /// One attempt at a commit (see the module docs).
@@ -170,7 +234,7 @@ impl Shared {
         // Nothing below fails before the log is asked.
         let mut emptied = Vec::new();
         for (i, (h, plan)) in held.iter_mut().zip(plans).enumerate() {
-            if self.apply_plan(&mut h.page, &writes[h.writes.clone()], plan) {
+            if self.apply_plan(&mut h.page, plan) {
                 emptied.push(i);
             }
         }
@@ -225,14 +289,32 @@ impl Shared {
         Some(held)
     }
 
+    /// The records `writes` put into a locked leaf's node as it is now.
+    fn records_for<'w>(&self, page: &WriteGuard<'_>, writes: &'w [Write]) -> Result<Vec<Rec<'w>>> {
+        writes
+            .iter()
+            .map(|(key, change)| {
+                let (value, kind) = match change {
+                    Change::Put(v) => (Cow::Borrowed(&v[..]), RecordKind::Insert),
+                    Change::Delete => (Cow::Borrowed(&[][..]), RecordKind::Tombstone),
+                    Change::Merge(ops) => {
+                        let (v, kind) = self.resolve_merge(page, key, ops)?;
+                        (Cow::Owned(v), kind)
+                    }
+                };
+                Ok(Rec { key, value, kind })
+            })
+            .collect()
+    }
+
     /// Decides how `writes` reach a locked leaf, building any replacement node (see the
     /// module docs). Changes nothing visible but a leaf's structure, content kept.
-    fn plan_leaf<'p>(
+    fn plan_leaf<'p, 'w>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
-        writes: &[Write],
-    ) -> Attempt<Plan<'p>> {
+        writes: &'w [Write],
+    ) -> Attempt<Plan<'p, 'w>> {
         let disk = match page.location() {
             Location::Disk(disk) => disk,
             Location::Mini(_) => {
@@ -241,23 +323,25 @@ impl Shared {
                 };
                 let node = NodeRef::from_bytes(bytes);
                 let prefix_ok = writes.iter().all(|(k, _)| k.starts_with(node.prefix()));
+                let recs = self.records_for(page, writes)?;
                 return if node.kind() == NodeKind::Leaf {
-                    self.plan_mirror(path, page, writes, prefix_ok)
+                    self.plan_mirror(path, page, writes, recs, prefix_ok)
                 } else {
-                    self.plan_mini(path, page, writes, prefix_ok)
+                    self.plan_mini(path, page, writes, recs, prefix_ok)
                 };
             }
         };
-        let writes_of = |w: &&Write| disk != NO_PAGE || w.1.is_some();
-        if !writes.iter().any(|w| writes_of(&w)) {
+        let recs = self.records_for(page, writes)?;
+        let writes_of = |r: &&Rec<'_>| disk != NO_PAGE || r.kind != RecordKind::Tombstone;
+        if !recs.iter().any(|r| writes_of(&r)) {
             return Ok(Step::Done(Plan::Nothing));
         }
         // A new mini-page holding the writes, if they fit one.
         let need = MINI_OVERHEAD
-            + writes
+            + recs
                 .iter()
                 .filter(writes_of)
-                .map(|(k, v)| RECORD_META + k.len() + v.as_ref().map_or(0, Vec::len))
+                .map(|r| RECORD_META + r.key.len() + r.value.len())
                 .sum::<usize>();
         let size = crate::pool::block_size_for(need).unwrap_or(usize::MAX);
         if size <= self.config().merge_threshold_bytes() && size <= self.page_size() {
@@ -272,7 +356,7 @@ impl Shared {
                 high.as_deref(),
             );
             node.set_disk_page((disk != NO_PAGE).then_some(disk));
-            if upsert_all(&mut node, writes.iter().filter(writes_of)) {
+            if upsert_all(&mut node, recs.iter().filter(writes_of)) {
                 return Ok(Step::Done(Plan::Replace(block)));
             }
         }
@@ -282,14 +366,15 @@ impl Shared {
         self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
 
-    /// `plan_leaf` for a full-page mirror.
-    fn plan_mirror<'p>(
+    /// `plan_leaf` for a full-page mirror (`recs`: the writes as its records).
+    fn plan_mirror<'p, 'w>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
-        writes: &[Write],
+        writes: &'w [Write],
+        recs: Vec<Rec<'w>>,
         prefix_ok: bool,
-    ) -> Attempt<Plan<'p>> {
+    ) -> Attempt<Plan<'p, 'w>> {
         let Some(bytes) = page.mini() else {
             return Ok(Step::Restart(Restart::Retry));
         };
@@ -301,25 +386,27 @@ impl Shared {
             let key = writes[0].0.clone();
             return Ok(self.rebuild_leaf(path, page, &key, &records)?.then_retry());
         }
-        let puts = writes
+        let puts = recs
             .iter()
-            .filter_map(|(k, v)| v.as_ref().map(|v| (k.as_slice(), v.len())));
+            .filter(|r| r.kind != RecordKind::Tombstone)
+            .map(|r| (r.key, r.value.len()));
         if node.fits_all(puts) {
-            return Ok(Step::Done(Plan::InPlace));
+            return Ok(Step::Done(Plan::InPlace(recs)));
         }
         let (disk, damaged) = (node.disk_page(), node.flags() & FLAG_DAMAGED);
         let records = node_records(node);
         self.plan_rebuilt(path, page, writes, &records, disk, damaged)
     }
 
-    /// `plan_leaf` for a mini-page.
-    fn plan_mini<'p>(
+    /// `plan_leaf` for a mini-page (`recs`: the writes as its records).
+    fn plan_mini<'p, 'w>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
-        writes: &[Write],
+        writes: &'w [Write],
+        recs: Vec<Rec<'w>>,
         prefix_ok: bool,
-    ) -> Attempt<Plan<'p>> {
+    ) -> Attempt<Plan<'p, 'w>> {
         if !prefix_ok {
             // As for a mirror; a mini-page is first merged into one (content unchanged).
             return Ok(self.to_mirror(path, page)?.then_retry());
@@ -328,20 +415,14 @@ impl Shared {
             return Ok(Step::Restart(Restart::Retry));
         };
         let node = NodeRef::from_bytes(bytes);
-        let all = writes
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_ref().map_or(0, Vec::len)));
+        let all = recs.iter().map(|r| (r.key, r.value.len()));
         if node.fits_all(all) {
-            return Ok(Step::Done(Plan::InPlace));
+            return Ok(Step::Done(Plan::InPlace(recs)));
         }
         // A bigger mini-page, up to the merge threshold.
-        let add: usize = writes
+        let add: usize = recs
             .iter()
-            .map(|(k, v)| {
-                RECORD_META
-                    + k.len().saturating_sub(node.prefix().len())
-                    + v.as_ref().map_or(0, Vec::len)
-            })
+            .map(|r| RECORD_META + r.key.len().saturating_sub(node.prefix().len()) + r.value.len())
             .sum();
         let size = crate::pool::block_size_for(node.used_bytes() + add).unwrap_or(usize::MAX);
         if size <= self.config().merge_threshold_bytes() {
@@ -349,7 +430,7 @@ impl Shared {
                 return Ok(Step::Restart(Restart::NeedSpace));
             };
             if node::copy_filtered(node, block.bytes_mut(), |_, _| true, false).is_ok()
-                && upsert_all(&mut NodeMut::from_bytes(block.bytes_mut()), writes.iter())
+                && upsert_all(&mut NodeMut::from_bytes(block.bytes_mut()), recs.iter())
             {
                 return Ok(Step::Done(Plan::Replace(block)));
             }
@@ -361,24 +442,30 @@ impl Shared {
         self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
 
-    /// A full-page mirror of the leaf whose records are `records`, with `writes` applied; or,
-    /// when those do not fit a page, the leaf split first (records unchanged) and a restart.
-    fn plan_rebuilt<'p>(
+    /// A full-page mirror of the leaf whose records are `records`, with `writes` applied
+    /// (merges folded over them); or, when those do not fit a page, the leaf split first
+    /// (records unchanged) and a restart.
+    fn plan_rebuilt<'p, 'w>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
-        writes: &[Write],
+        writes: &'w [Write],
         records: &[Record],
         disk: Option<u64>,
         damaged: u8,
-    ) -> Attempt<Plan<'p>> {
+    ) -> Attempt<Plan<'p, 'w>> {
         let mut after = records.to_vec();
-        for (key, value) in writes {
-            apply(
-                &mut after,
-                key,
-                value.as_deref().map_or(WriteOp::Delete, WriteOp::Put),
-            );
+        for (key, change) in writes {
+            match change {
+                Change::Put(v) => apply(&mut after, key, Some(v)),
+                Change::Delete => apply(&mut after, key, None),
+                Change::Merge(ops) => {
+                    let at = after.binary_search_by(|r| r.key.as_slice().cmp(key));
+                    let base = at.ok().map(|i| after[i].value.as_slice());
+                    let value = self.fold(key, base, ops)?;
+                    apply(&mut after, key, value.as_deref());
+                }
+            }
         }
         let (low, high) = path.bounds();
         let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref());
@@ -437,12 +524,7 @@ impl Shared {
     }
 
     /// Carries out a plan; true if it left a mirror with no records.
-    fn apply_plan<'p>(
-        &'p self,
-        page: &mut WriteGuard<'p>,
-        writes: &[Write],
-        plan: Plan<'p>,
-    ) -> bool {
+    fn apply_plan<'p>(&'p self, page: &mut WriteGuard<'p>, plan: Plan<'p, '_>) -> bool {
         match plan {
             Plan::Nothing => false,
             Plan::Replace(block) => {
@@ -453,31 +535,30 @@ impl Shared {
                     .map(NodeRef::from_bytes)
                     .is_some_and(|n| n.kind() == NodeKind::Leaf && n.is_empty())
             }
-            Plan::InPlace => {
+            Plan::InPlace(recs) => {
                 let Some(bytes) = page.mini_mut() else {
                     debug_assert!(false, "a planned leaf keeps its node under its lock");
                     return false;
                 };
                 let mut node = NodeMut::from_bytes(bytes);
                 if node.as_ref().kind() == NodeKind::Leaf {
-                    for (key, value) in writes {
-                        match value {
-                            Some(v) => {
-                                let done = node.upsert(key, v, RecordKind::Insert);
-                                debug_assert!(done.is_ok(), "the plan counted the room");
+                    // A mirror's records: merges were folded (`resolve_merge`).
+                    for r in &recs {
+                        if r.kind == RecordKind::Tombstone {
+                            if let Search::Found(i) = node.as_ref().search(r.key) {
+                                node.remove_at(i);
                             }
-                            None => {
-                                if let Search::Found(i) = node.as_ref().search(key) {
-                                    node.remove_at(i);
-                                }
-                            }
+                        } else {
+                            debug_assert_eq!(r.kind, RecordKind::Insert, "a mirror takes values");
+                            let done = node.upsert(r.key, &r.value, RecordKind::Insert);
+                            debug_assert!(done.is_ok(), "the plan counted the room");
                         }
                     }
                     let flags = node.as_ref().flags();
                     node.set_flags(flags | FLAG_DIRTY);
                     node.as_ref().is_empty()
                 } else {
-                    let done = upsert_all(&mut node, writes.iter());
+                    let done = upsert_all(&mut node, recs.iter());
                     debug_assert!(done, "the plan counted the room");
                     false
                 }
@@ -486,16 +567,10 @@ impl Shared {
     }
 }
 
-/// Puts `writes` into a mini-page as dirty records; false if one did not fit.
-fn upsert_all<'w>(node: &mut NodeMut<'_>, writes: impl Iterator<Item = &'w Write>) -> bool {
-    for (key, value) in writes {
-        let (v, kind) = match value {
-            Some(v) => (v.as_slice(), RecordKind::Insert),
-            None => (&[][..], RecordKind::Tombstone),
-        };
-        if node.upsert(key, v, kind).is_err() {
-            return false;
-        }
-    }
-    true
+/// Puts `recs` into a mini-page as dirty records; false if one did not fit.
+fn upsert_all<'r, 'w: 'r>(
+    node: &mut NodeMut<'_>,
+    mut recs: impl Iterator<Item = &'r Rec<'w>>,
+) -> bool {
+    recs.all(|r| node.upsert(r.key, &r.value, r.kind).is_ok())
 }

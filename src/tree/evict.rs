@@ -151,7 +151,7 @@ impl Shared {
                     Merged::Written(action) => return Ok(Step::Done(action)),
                     Merged::Fallback(records, damaged) => (records, damaged),
                 },
-                None => (live_records(node), false),
+                None => (self.live_folded(node)?, false),
             };
             (records, Some(route), damaged)
         };
@@ -225,7 +225,8 @@ impl Shared {
             self.build_leaf(buf, low, high, &records, damaged)?;
             Storage::write_new_page(&**store, buf)
         })?;
-        Ok(Step::Done(self.moved(pid, disk, new_page, after)))
+        let lsn = self.journal().image_lsn();
+        Ok(Step::Done(self.moved(pid, disk, new_page, after, lsn)))
     }
 
     /// Builds one leaf of `records` between the fences in `buf`.
@@ -248,16 +249,17 @@ impl Shared {
         Ok(())
     }
 
-    /// Records that leaf `pid` now lives in `new` instead of `old` and says what becomes of
-    /// its cached node.
+    /// Records that leaf `pid` now lives in `new` (an image built at `lsn`, see
+    /// `PageTracker`) instead of `old` and says what becomes of its cached node.
     pub(super) fn moved(
         &self,
         pid: PageId,
         old: Option<u64>,
         new: u64,
         after: AfterWrite,
+        lsn: crate::wal::Lsn,
     ) -> Action {
-        self.storage().moved(pid, old, new);
+        self.storage().moved(pid, old, new, lsn);
         match after {
             AfterWrite::Detach => Action::Detach(new),
             AfterWrite::Keep => Action::KeepClean(new),
@@ -287,7 +289,10 @@ impl Shared {
             // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
             // by the general path.
             if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
-                let records = node::merge_sorted(NodeRef::from_bytes(buf), mini);
+                let records =
+                    node::merge_sorted(NodeRef::from_bytes(buf), mini, &mut |k, b, ops| {
+                        self.fold(k, b, ops)
+                    })?;
                 return Ok(Some((records, damaged)));
             }
             self.counters().count(Event::WriteBack);
@@ -324,6 +329,7 @@ impl Shared {
                 Some(disk),
                 new_page,
                 after,
+                self.journal().image_lsn(),
             )))
         })
     }
@@ -416,10 +422,15 @@ impl Shared {
                 return Err(e);
             }
         };
+        // The split leaf is locked throughout: its images hold every logged write to its
+        // range, and none can be logged until it is released.
+        let lsn = self.journal().image_lsn();
         let mut entries = vec![Entry::leaf(low.clone().unwrap_or_default(), pid)];
         for ((g, page_no), mut new_leaf) in pages.iter().enumerate().skip(1).zip(new_leaves) {
             drop(new_leaf.set_location_disk(*page_no));
-            self.storage().pages().written(new_leaf.page_id(), *page_no);
+            self.storage()
+                .pages()
+                .written(new_leaf.page_id(), *page_no, lsn);
             entries.push(Entry::leaf(
                 groups[g].1.clone().unwrap_or_default(),
                 new_leaf.page_id(),
@@ -428,7 +439,7 @@ impl Shared {
         let published = self.publish(smo, key, pid, entries);
         debug_assert!(published);
         self.counters().count(Event::Split);
-        self.storage().moved(pid, old_disk, pages[0]);
+        self.storage().moved(pid, old_disk, pages[0], lsn);
         Ok(Step::Done(Action::Detach(pages[0])))
     }
 

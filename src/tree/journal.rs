@@ -4,7 +4,7 @@
 use super::WriteOp;
 use crate::error::Result;
 use crate::sync::{AtomicU64, Ordering};
-use crate::wal::{Appended, LogOp, Lsn, ReplayStats, Wal, WalStats};
+use crate::wal::{Appended, BatchValue, LogOp, Lsn, ReplayStats, Wal, WalStats};
 use crate::Durability;
 
 /// The log of a file-backed tree, and the checkpoint LSN.
@@ -62,6 +62,7 @@ impl Journal {
         let record = match op {
             WriteOp::Put(value) => LogOp::Insert { key, value },
             WriteOp::Delete => LogOp::Remove { key },
+            WriteOp::Merge(operands) => LogOp::Merge { key, operands },
         };
         wal.append(record).map(Some)
     }
@@ -102,33 +103,49 @@ impl Journal {
         }
     }
 
-    /// Replays the log from the last checkpoint's LSN, calling `apply` for each write, the
-    /// writes of a batch one after another (nobody else runs during replay, and the batch's
-    /// record is whole: its writes all apply). `apply` gets `Err(reason)` for a batch record
-    /// whose writes do not decode.
+    /// Replays the log from the last checkpoint's LSN, calling `apply` with each write's
+    /// record LSN, the writes of a batch one after another (nobody else runs during replay,
+    /// and the batch's record is whole: its writes all apply). `apply` gets `Err(reason)`
+    /// for a batch record whose writes do not decode.
     ///
     /// # Errors
     /// `Corruption` for damage before the log's tail, or `apply`'s error.
     pub(crate) fn replay(
         &self,
-        mut apply: impl FnMut(std::result::Result<(&[u8], WriteOp<'_>), &'static str>) -> Result<()>,
+        mut apply: impl FnMut(
+            Lsn,
+            std::result::Result<(&[u8], WriteOp<'_>), &'static str>,
+        ) -> Result<()>,
     ) -> Result<ReplayStats> {
         let Some(wal) = &self.wal else {
             return Ok(ReplayStats::default());
         };
-        wal.replay(self.checkpoint_lsn(), |_, op| match op {
-            LogOp::Insert { key, value } => apply(Ok((key, WriteOp::Put(value)))),
-            LogOp::Remove { key } => apply(Ok((key, WriteOp::Delete))),
+        wal.replay(self.checkpoint_lsn(), |lsn, op| match op {
+            LogOp::Insert { key, value } => apply(lsn, Ok((key, WriteOp::Put(value)))),
+            LogOp::Remove { key } => apply(lsn, Ok((key, WriteOp::Delete))),
+            LogOp::Merge { key, operands } => apply(lsn, Ok((key, WriteOp::Merge(operands)))),
             LogOp::Batch { body } => {
                 for write in crate::wal::batch_writes(body) {
-                    apply(
-                        write
-                            .map(|(key, value)| (key, value.map_or(WriteOp::Delete, WriteOp::Put))),
-                    )?;
+                    let write = write.map(|(key, value)| {
+                        let op = match value {
+                            BatchValue::Put(v) => WriteOp::Put(v),
+                            BatchValue::Remove => WriteOp::Delete,
+                            BatchValue::Merge(ops) => WriteOp::Merge(ops),
+                        };
+                        (key, op)
+                    });
+                    apply(lsn, write)?;
                 }
                 Ok(())
             }
         })
+    }
+
+    /// The LSN a leaf image built now is stamped with (see `PageTracker`): every write to
+    /// the leaf was logged below it, and none at or past it yet. The caller holds the leaf's
+    /// lock, under which its writes are applied and logged. 0 for a tree without a log.
+    pub(crate) fn image_lsn(&self) -> Lsn {
+        self.wal.as_ref().map_or(0, Wal::next_lsn)
     }
 
     /// Whether the log grew past `limit` bytes since the last checkpoint (only when writes

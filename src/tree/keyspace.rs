@@ -117,6 +117,17 @@ impl Prefix {
     }
 }
 
+/// The user's key inside stored key `key`: without its keyspace prefix (a catalog key, or
+/// one too short to carry a prefix, is returned whole).
+pub(crate) fn user_key(key: &[u8]) -> &[u8] {
+    let len = match key.first() {
+        Some(&b) if u32::from(b) < SHORT_IDS => 1,
+        Some(&b) if (0xF0..=0xF3).contains(&b) => 1 + usize::from(b - 0xEF),
+        _ => 0,
+    };
+    key.get(len..).unwrap_or(key)
+}
+
 /// `key` as the default keyspace stores it (tests that look inside the tree).
 #[cfg(all(test, not(shuttle)))]
 pub(crate) fn stored_key(key: &[u8]) -> Vec<u8> {
@@ -397,6 +408,30 @@ impl Keyspace {
         self.shared.get_in(&self.space, key.as_ref())
     }
 
+    /// Merges `operand` into the value of `key` with the tree's merge operator, without
+    /// reading the value. As [`Tree::merge`](crate::Tree::merge).
+    ///
+    /// # Errors
+    /// As [`Tree::merge`](crate::Tree::merge), and [`Error::Closed`] or
+    /// [`Error::KeyspaceDropped`] (nothing written).
+    ///
+    /// ```
+    /// let append = |_: &[u8], old: Option<&[u8]>, operand: &[u8]| {
+    ///     Some([old.unwrap_or_default(), operand].concat())
+    /// };
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().merge_operator(append))?;
+    /// let logs = tree.keyspace("logs")?;
+    /// logs.merge(b"job-7", b"started;")?;
+    /// logs.merge(b"job-7", b"done;")?;
+    /// assert_eq!(logs.get(b"job-7")?, Some(b"started;done;".to_vec()));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn merge(&self, key: impl AsRef<[u8]>, operand: impl AsRef<[u8]>) -> Result<()> {
+        let _in = self.space.enter()?;
+        self.shared
+            .merge_in(&self.space, key.as_ref(), operand.as_ref())
+    }
+
     /// Atomically replaces the value of `key` with `new` if it is `expected`. As
     /// [`Tree::compare_and_swap`](crate::Tree::compare_and_swap).
     ///
@@ -486,6 +521,16 @@ impl std::fmt::Debug for Keyspace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_keys_drop_exactly_the_prefix() {
+        for id in [0u32, 1, 0xEF, 0xF0, 0x1234, 0xFF_FFFF, u32::MAX] {
+            let key = Prefix::of(id).key(b"user key");
+            assert_eq!(user_key(&key), b"user key", "id {id}");
+        }
+        assert_eq!(user_key(b""), b"");
+        assert_eq!(user_key(&[CATALOG_BYTE, 1]), &[CATALOG_BYTE, 1]);
+    }
 
     #[test]
     fn prefixes_are_prefix_free_and_bounded() {

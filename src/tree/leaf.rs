@@ -67,11 +67,13 @@ pub(super) fn node_records(node: NodeRef<'_>) -> Vec<Record> {
         .collect()
 }
 
-/// The records a leaf with no disk page holds: a mini-page's present records, as inserts.
+/// The records a mini-page decides on its own: its present records, as inserts. Pending
+/// merges (Upsert records) are left out: they need the value below them (`live_folded`
+/// folds them over none where there is no page below).
 pub(crate) fn live_records(node: NodeRef<'_>) -> Vec<Record> {
     node_records(node)
         .into_iter()
-        .filter(|r| r.kind.exists())
+        .filter(|r| r.kind.exists() && r.kind != RecordKind::Upsert)
         .map(|r| Record {
             kind: RecordKind::Insert,
             ..r
@@ -79,15 +81,15 @@ pub(crate) fn live_records(node: NodeRef<'_>) -> Vec<Record> {
         .collect()
 }
 
-/// Applies a write to sorted records.
-pub(super) fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
+/// Sets `key` to `value` (`None`: removes it) in sorted records.
+pub(super) fn apply(records: &mut Vec<Record>, key: &[u8], value: Option<&[u8]>) {
     let at = records.binary_search_by(|r| r.key.as_slice().cmp(key));
-    match (op, at) {
-        (WriteOp::Put(v), Ok(i)) => {
+    match (value, at) {
+        (Some(v), Ok(i)) => {
             records[i].value = node::Bytes::from_slice(v);
             records[i].kind = RecordKind::Insert;
         }
-        (WriteOp::Put(v), Err(i)) => records.insert(
+        (Some(v), Err(i)) => records.insert(
             i,
             Record {
                 key: node::Bytes::from_slice(key),
@@ -95,10 +97,10 @@ pub(super) fn apply(records: &mut Vec<Record>, key: &[u8], op: WriteOp<'_>) {
                 kind: RecordKind::Insert,
             },
         ),
-        (WriteOp::Delete, Ok(i)) => {
+        (None, Ok(i)) => {
             records.remove(i);
         }
-        (WriteOp::Delete, Err(_)) => {}
+        (None, Err(_)) => {}
     }
 }
 
@@ -164,6 +166,12 @@ impl Shared {
         };
         if let (Some(bytes), Location::Mini(addr)) = (page.mini(), page.location()) {
             let node = NodeRef::from_bytes(bytes);
+            if let Some((_, RecordKind::Upsert, list)) = node.get(key) {
+                // Pending merges: fold them over the leaf page's value.
+                self.counters().count(Event::CacheMiss);
+                let base = self.disk_value(node.disk_page(), key)?;
+                return Ok(Lookup::answer(self.fold(key, base.as_deref(), list)?));
+            }
             if let Some((i, kind, value)) = node.get(key) {
                 self.counters().count(Event::CacheHit);
                 let out = kind.exists().then(|| value.to_vec());
@@ -231,35 +239,64 @@ impl Shared {
         page: &WriteGuard<'_>,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>> {
-        let mut disk = match page.location() {
-            Location::Disk(p) => Some(p),
-            Location::Mini(_) => None,
+        let Some(bytes) = page.mini() else {
+            return match page.location() {
+                Location::Disk(p) => self.disk_value(Some(p), key),
+                Location::Mini(_) => Ok(None),
+            };
         };
-        if let Some(bytes) = page.mini() {
-            let node = NodeRef::from_bytes(bytes);
-            if let Some((_, kind, value)) = node.get(key) {
-                return Ok(kind.exists().then(|| value.to_vec()));
+        let node = NodeRef::from_bytes(bytes);
+        match node.get(key) {
+            Some((_, RecordKind::Upsert, list)) => {
+                let base = self.disk_value(node.disk_page(), key)?;
+                self.fold(key, base.as_deref(), list)
             }
-            if node.kind() == NodeKind::Leaf {
-                return Ok(None);
-            }
-            disk = node.disk_page();
+            Some((_, kind, value)) => Ok(kind.exists().then(|| value.to_vec())),
+            None if node.kind() == NodeKind::Leaf => Ok(None),
+            None => self.disk_value(node.disk_page(), key),
         }
-        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
-            return Ok(None);
+    }
+
+    /// What a merge of the operand list `ops` into `key` writes to the leaf's node as it
+    /// is now: the operands appended to the key's pending ones (an Upsert record), or, where
+    /// the node decides the key's value, or the list would outgrow a value, the folded value
+    /// (an Insert, or a Tombstone when the operator removes the key).
+    pub(super) fn resolve_merge(
+        &self,
+        page: &WriteGuard<'_>,
+        key: &[u8],
+        ops: &[u8],
+    ) -> Result<(Vec<u8>, RecordKind)> {
+        let folded = |value: Option<Vec<u8>>| match value {
+            Some(v) => (v, RecordKind::Insert),
+            None => (Vec::new(), RecordKind::Tombstone),
         };
-        with_page_buf(self.page_size(), |buf| {
-            self.storage().read_page(disk, buf)?;
-            let leaf = self.storage().check_leaf(disk, buf)?;
-            match leaf.get(key) {
-                Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
-                None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(
-                    Some(disk),
-                    "the key is in a damaged leaf that may have lost it",
-                )),
-                None => Ok(None),
-            }
-        })
+        let (pending, disk) = match page.mini().map(NodeRef::from_bytes) {
+            Some(node) => match node.get(key) {
+                Some((_, RecordKind::Upsert, list)) => ([list, ops].concat(), node.disk_page()),
+                Some((_, kind, value)) => {
+                    let base = kind.exists().then_some(value);
+                    return Ok(folded(self.fold(key, base, ops)?));
+                }
+                None if node.kind() == NodeKind::Leaf => {
+                    return Ok(folded(self.fold(key, None, ops)?))
+                }
+                None => (ops.to_vec(), node.disk_page()),
+            },
+            None => match page.location() {
+                Location::Disk(p) => (ops.to_vec(), Some(p)),
+                Location::Mini(_) => (ops.to_vec(), None),
+            },
+        };
+        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
+            return Ok(folded(self.fold(key, None, &pending)?));
+        };
+        if self.limits().check_stored(key, &pending).is_ok() {
+            return Ok((pending, RecordKind::Upsert));
+        }
+        // Too many pending operands for one record: fold them over the page's value.
+        let base = self.disk_value(Some(disk), key)?;
+        Ok(folded(self.fold(key, base.as_deref(), &pending)?))
     }
 
     /// Applies a write to a write-locked leaf.
@@ -273,12 +310,15 @@ impl Shared {
         let (value, kind) = match op {
             WriteOp::Put(v) => (v, RecordKind::Insert),
             WriteOp::Delete => (&[][..], RecordKind::Tombstone),
+            WriteOp::Merge(ops) => (ops, RecordKind::Upsert),
         };
         self.put_buffered(path, page, key, value, kind)
     }
 
     /// Puts one record into the leaf's buffered node: creates a mini-page, grows it, turns it
-    /// into a full-page mirror (writes only) or splits the leaf as needed.
+    /// into a full-page mirror (writes only) or splits the leaf as needed. An Upsert record
+    /// stands for a merge of the operand list `value`, resolved against the node each time
+    /// round (`resolve_merge`), so a node rebuilt on the way folds the operands just once.
     pub(super) fn put_buffered<'p>(
         &'p self,
         path: &Path<'_>,
@@ -288,7 +328,16 @@ impl Shared {
         kind: RecordKind,
     ) -> Attempt<Written> {
         let mut shed = false;
+        let merge = (kind == RecordKind::Upsert).then_some(value);
         loop {
+            let resolved;
+            let (value, kind) = match merge {
+                Some(ops) => {
+                    resolved = self.resolve_merge(page, key, ops)?;
+                    (&resolved.0[..], resolved.1)
+                }
+                None => (value, kind),
+            };
             let addr = match page.location() {
                 Location::Disk(disk) => {
                     return Ok(self.create_mini(path, page, disk, key, value, kind))
@@ -318,7 +367,7 @@ impl Shared {
                 }
                 if is_mirror {
                     let mut records = node_records(node.as_ref());
-                    apply(&mut records, key, write_op(value, kind));
+                    apply(&mut records, key, new_value(value, kind));
                     return self.rebuild_leaf(path, page, key, &records);
                 }
                 match self.to_mirror(path, page)? {
@@ -327,6 +376,8 @@ impl Shared {
                 }
             }
             if is_mirror {
+                // A merge into a mirror was folded (`resolve_merge`): it knows every value.
+                debug_assert_ne!(kind, RecordKind::Upsert, "a mirror holds no pending merge");
                 let result = match kind {
                     RecordKind::Insert | RecordKind::Upsert => {
                         node.upsert(key, value, RecordKind::Insert).map(|_| ())
@@ -344,7 +395,7 @@ impl Shared {
                 };
                 if result.is_err() {
                     let mut records = node_records(node.as_ref());
-                    apply(&mut records, key, write_op(value, kind));
+                    apply(&mut records, key, new_value(value, kind));
                     return self.rebuild_leaf(path, page, key, &records);
                 }
                 let flags = node.as_ref().flags();
@@ -491,13 +542,9 @@ impl Shared {
     }
 }
 
-/// The write a record kind stands for.
-fn write_op(value: &[u8], kind: RecordKind) -> WriteOp<'_> {
-    if kind.exists() {
-        WriteOp::Put(value)
-    } else {
-        WriteOp::Delete
-    }
+/// The value a resolved record stands for (`None`: absent).
+fn new_value(value: &[u8], kind: RecordKind) -> Option<&[u8]> {
+    kind.exists().then_some(value)
 }
 
 /// Bytes `node` needs to hold its content plus a record of `key` and `value`.

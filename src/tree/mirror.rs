@@ -6,7 +6,7 @@
 //! needs memory it cannot get restarts before changing anything.
 
 use super::inner::{Entry, Path};
-use super::leaf::{live_records, node_records, with_page_buf, Written};
+use super::leaf::{node_records, with_page_buf, Written};
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::{Error, Result};
@@ -78,7 +78,10 @@ impl Shared {
         disk: Option<u64>,
     ) -> Result<Vec<Record>> {
         let Some(p) = disk else {
-            return Ok(mini.map(live_records).unwrap_or_default());
+            return match mini {
+                Some(mini) => self.live_folded(mini),
+                None => Ok(Vec::new()),
+            };
         };
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(p, buf)?;
@@ -88,11 +91,35 @@ impl Shared {
                     .storage()
                     .corruption(Some(p), "a damaged leaf cannot take more writes"));
             }
-            Ok(match mini {
-                Some(mini) => node::merge_sorted(leaf, mini),
-                None => node_records(leaf),
-            })
+            match mini {
+                Some(mini) => {
+                    node::merge_sorted(leaf, mini, &mut |k, base, ops| self.fold(k, base, ops))
+                }
+                None => Ok(node_records(leaf)),
+            }
         })
+    }
+
+    /// The records of a leaf whose mini-page `mini` has no page below it: its present
+    /// records, pending merges folded over no value.
+    ///
+    /// # Errors
+    /// As [`Shared::fold`].
+    pub(super) fn live_folded(&self, mini: NodeRef<'_>) -> Result<Vec<Record>> {
+        let mut out = Vec::with_capacity(mini.len());
+        for mut r in node_records(mini) {
+            if r.kind == RecordKind::Upsert {
+                let Some(v) = self.fold(&r.key, None, &r.value)? else {
+                    continue;
+                };
+                r.value = node::Bytes::from_slice(&v);
+            } else if !r.kind.exists() {
+                continue;
+            }
+            r.kind = RecordKind::Insert;
+            out.push(r);
+        }
+        Ok(out)
     }
 
     /// Rebuilds a mirror from `records` with the leaf's current bounds, splitting if they do

@@ -58,6 +58,7 @@ mod inner;
 mod journal;
 mod keyspace;
 mod leaf;
+mod merge;
 mod mirror;
 mod page_batch;
 mod pages;
@@ -105,6 +106,8 @@ pub(crate) enum WriteOp<'a> {
     Put(&'a [u8]),
     /// Removes the key.
     Delete,
+    /// Merges the operands of this encoded list (`merge.rs`) into the value, in order.
+    Merge(&'a [u8]),
 }
 
 /// Why an attempt at an operation must be restarted after releasing every lock.

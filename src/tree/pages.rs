@@ -1,11 +1,30 @@
 //! Which disk pages hold what: the newest page of each leaf, the pages the last checkpoint
 //! references (never freed before the next checkpoint is durable), and a write token per leaf
 //! that tells a checkpoint whether a leaf changed while it was not locked.
+//!
+//! Each leaf page carries its image LSN (`Journal::image_lsn` when the image was built under
+//! the leaf's lock): the page holds exactly the logged writes to its key range below that
+//! LSN. A checkpoint records it per leaf, and replay skips a leaf's records below it, so a
+//! write the page already holds is not applied twice (merges are not idempotent).
 
 use std::collections::{HashMap, HashSet};
 
 use crate::pool::PageId;
 use crate::sync::{Mutex, MutexGuard};
+use crate::wal::Lsn;
+
+/// One leaf as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SnapshotLeaf {
+    /// Its exact low bound (empty for the first leaf).
+    pub(crate) low: Vec<u8>,
+    /// Its page id in the pool.
+    pub(crate) pid: PageId,
+    /// Its disk page.
+    pub(crate) page: u64,
+    /// Its page's image LSN.
+    pub(crate) lsn: Lsn,
+}
 
 /// Which disk pages are in use by what, so that freed pages are reused without ever
 /// overwriting what the last checkpoint needs.
@@ -18,8 +37,8 @@ pub(crate) struct PageTracker {
 
 #[derive(Default)]
 struct Tracked {
-    /// The newest written page of each leaf.
-    leaf_pages: HashMap<PageId, u64>,
+    /// The newest written page of each leaf, with its image LSN.
+    leaf_pages: HashMap<PageId, (u64, Lsn)>,
     /// For each leaf id, its last change: the `changes` count then, and whether it was a
     /// write of its page (not a split or a removal). Kept for removed ids, which are reused.
     last_change: HashMap<PageId, (u64, bool)>,
@@ -47,21 +66,25 @@ impl Tracked {
 }
 
 impl PageTracker {
-    /// The pages of a tree just loaded from a checkpoint that names `leaves`.
-    pub(crate) fn from_checkpoint(leaves: &[(PageId, u64)]) -> PageTracker {
+    /// The pages of a tree just loaded from a checkpoint that names `leaves` (page id,
+    /// page, image LSN).
+    pub(crate) fn from_checkpoint(leaves: &[(PageId, u64, Lsn)]) -> PageTracker {
         let tracker = PageTracker::default();
         {
             let mut t = tracker.inner.lock();
-            t.leaf_pages = leaves.iter().copied().collect();
-            t.checkpointed = leaves.iter().map(|&(_, p)| p).collect();
+            t.leaf_pages = leaves
+                .iter()
+                .map(|&(pid, p, lsn)| (pid, (p, lsn)))
+                .collect();
+            t.checkpointed = leaves.iter().map(|&(_, p, _)| p).collect();
         }
         tracker
     }
 
-    /// Leaf `pid` now lives in `page`.
-    pub(crate) fn written(&self, pid: PageId, page: u64) {
+    /// Leaf `pid` now lives in `page`, an image built at `lsn`.
+    pub(crate) fn written(&self, pid: PageId, page: u64, lsn: Lsn) {
         let mut t = self.inner.lock();
-        t.leaf_pages.insert(pid, page);
+        t.leaf_pages.insert(pid, (page, lsn));
         t.changed(pid, true);
     }
 
@@ -99,7 +122,7 @@ impl PageTracker {
     /// The newest written page of leaf `pid`.
     #[cfg(all(test, not(shuttle)))]
     pub(crate) fn leaf_page(&self, pid: PageId) -> Option<u64> {
-        self.inner.lock().leaf_pages.get(&pid).copied()
+        self.inner.lock().leaf_pages.get(&pid).map(|&(p, _)| p)
     }
 
     /// Leaf `pid` is gone.
@@ -109,15 +132,16 @@ impl PageTracker {
         t.changed(pid, false);
     }
 
-    /// Leaf `pid` now lives in `new` instead of `old`, in one step under the tracker's lock:
+    /// Leaf `pid` now lives in `new` (an image built at `lsn`) instead of `old`, in one step
+    /// under the tracker's lock:
     /// a checkpoint snapshot (`begin_snapshot`) sees the leaf either in `old`, still kept,
     /// or in `new`, never in a page already freed. Done in two steps, a snapshot taken
     /// between them referenced `old` after it was freed, and a write-back of another leaf
     /// reused it: after a crash the checkpoint named a page holding someone else's records.
     /// True if the caller may free `old` now.
-    pub(crate) fn moved(&self, pid: PageId, old: Option<u64>, new: u64) -> bool {
+    pub(crate) fn moved(&self, pid: PageId, old: Option<u64>, new: u64, lsn: Lsn) -> bool {
         let mut t = self.inner.lock();
-        t.leaf_pages.insert(pid, new);
+        t.leaf_pages.insert(pid, (new, lsn));
         t.changed(pid, true);
         let Some(old) = old else { return false };
         if t.checkpointed.contains(&old) || t.in_progress.contains(&old) {
@@ -155,21 +179,26 @@ impl PageTracker {
     }
 
     /// The checkpoint being written references `leaves` (low bound and page id, in key
-    /// order): returns each with its page, and keeps those pages until the checkpoint is
-    /// finished. `Err(pid)` names a leaf that has no page.
+    /// order): returns each with its page and image LSN, and keeps those pages until the
+    /// checkpoint is finished. `Err(pid)` names a leaf that has no page.
     pub(crate) fn begin_snapshot(
         &self,
         leaves: Vec<(Vec<u8>, PageId)>,
-    ) -> std::result::Result<Vec<(Vec<u8>, PageId, u64)>, PageId> {
+    ) -> std::result::Result<Vec<SnapshotLeaf>, PageId> {
         let mut t = self.inner.lock();
         let mut snapshot = Vec::with_capacity(leaves.len());
         for (low, pid) in leaves {
-            let Some(&page) = t.leaf_pages.get(&pid) else {
+            let Some(&(page, lsn)) = t.leaf_pages.get(&pid) else {
                 return Err(pid);
             };
-            snapshot.push((low, pid, page));
+            snapshot.push(SnapshotLeaf {
+                low,
+                pid,
+                page,
+                lsn,
+            });
         }
-        t.in_progress = snapshot.iter().map(|&(_, _, p)| p).collect();
+        t.in_progress = snapshot.iter().map(|l| l.page).collect();
         Ok(snapshot)
     }
 

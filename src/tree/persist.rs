@@ -11,12 +11,16 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..8 | magic `BFKVCKP1` |
-//! | 8..12 | format version (1) |
+//! | 8..12 | format version (2) |
 //! | 12..16 | page size |
 //! | 16..24 | LSN the checkpoint covers (0 until the write-ahead log exists) |
 //! | 24..32 | leaf count n |
-//! | ... | n × (page id u32, disk page u64, low-bound length u16, low-bound bytes) in key order |
+//! | ... | n × (page id u32, disk page u64, image LSN u64, low-bound length u16, low-bound bytes) in key order |
 //! | last 4 | crc32c of everything before |
+//!
+//! A leaf's image LSN (`pages.rs`) says which logged writes its page already holds: replay
+//! skips the records below it that fall in the leaf's range. Format 1 (no image LSNs, from
+//! before merges existed) is still read, as LSN 0: replaying its writes again is harmless.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -24,7 +28,7 @@ use std::path::{Path as FsPath, PathBuf};
 
 use super::index::Index;
 use super::journal::Journal;
-use super::pages::PageTracker;
+use super::pages::{PageTracker, SnapshotLeaf};
 use super::stats::Event;
 use super::storage::Storage;
 use super::{inner, Shared};
@@ -38,7 +42,9 @@ use crate::wal::{Lsn, Wal, WalConfig};
 use crate::Durability;
 
 const MAGIC: &[u8; 8] = b"BFKVCKP1";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// The format before image LSNs, still read.
+const FORMAT_WITHOUT_LSNS: u32 = 1;
 const HEADER: usize = 32;
 
 /// The advisory lock that keeps a directory to one open `Tree`.
@@ -122,6 +128,8 @@ pub(crate) fn open_on(
     };
     let file_pages = store.stats().file_pages;
     let checkpoint_lsn = loaded.as_ref().map_or(0, |(lsn, _)| *lsn);
+    // Each checkpointed leaf's low bound and image LSN, for replay.
+    let mut floors: Vec<(Vec<u8>, Lsn)> = Vec::new();
     let (pool, root, tracker) = if let Some((_, leaves)) = loaded {
         let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
         for l in &leaves {
@@ -134,6 +142,9 @@ pub(crate) fn open_on(
             }
         }
         let entries: Vec<(PageId, u64)> = leaves.iter().map(|l| (l.pid, l.page)).collect();
+        let tracked: Vec<(PageId, u64, Lsn)> =
+            leaves.iter().map(|l| (l.pid, l.page, l.lsn)).collect();
+        floors = leaves.iter().map(|l| (l.low.clone(), l.lsn)).collect();
         let pool =
             BufferPool::with_pages(config.cache_size, config.second_chance_percent, &entries)?;
         let root = inner::bulk_load(
@@ -146,7 +157,7 @@ pub(crate) fn open_on(
                 .filter(|p| !referenced.contains(p))
                 .collect(),
         )?;
-        (pool, root, PageTracker::from_checkpoint(&entries))
+        (pool, root, PageTracker::from_checkpoint(&tracked))
     } else {
         // No checkpoint: nothing was ever committed here, so every data page is free.
         store.set_free_pages((FIRST_DATA_PAGE..file_pages).collect())?;
@@ -183,7 +194,7 @@ pub(crate) fn open_on(
         Journal::new(wal, durability, checkpoint_lsn),
         lock,
     );
-    shared.replay_log()?;
+    shared.replay_log(&floors)?;
     match shared.finish_drops() {
         // A damaged catalog leaf answers its own reads with the error; the rest of the tree
         // opens, and the next open tries the unfinished drops again.
@@ -193,14 +204,7 @@ pub(crate) fn open_on(
     Ok(shared)
 }
 
-/// One leaf as the checkpoint records it.
-struct LeafEntry {
-    pid: PageId,
-    page: u64,
-    low: Vec<u8>,
-}
-
-fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<LeafEntry>)> {
+fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<SnapshotLeaf>)> {
     let bad = |reason| Error::corruption(path, None, reason);
     if bytes.len() < HEADER + 4 {
         return Err(bad("checkpoint file too short"));
@@ -214,9 +218,12 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Lea
     }
     let u32_at =
         |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
-    if u32_at(8) != FORMAT {
-        return Err(bad("unsupported checkpoint format version"));
-    }
+    let with_lsns = match u32_at(8) {
+        FORMAT => true,
+        FORMAT_WITHOUT_LSNS => false,
+        _ => return Err(bad("unsupported checkpoint format version")),
+    };
+    let fixed_len = if with_lsns { 22 } else { 14 };
     if u32_at(12) as usize != page_size {
         return Err(Error::InvalidConfig {
             reason: "page size differs from the existing tree's",
@@ -233,17 +240,21 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Lea
     let mut leaves = Vec::new();
     let mut seen = HashSet::new();
     for _ in 0..count {
-        let Some(fixed) = body.get(at..at + 14) else {
+        let Some(fixed) = body.get(at..at + fixed_len) else {
             return Err(bad("checkpoint truncated"));
         };
         let pid = u32::from_le_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]);
         let mut page = [0u8; 8];
         page.copy_from_slice(&fixed[4..12]);
-        let len = u16::from_le_bytes([fixed[12], fixed[13]]) as usize;
-        let Some(low) = body.get(at + 14..at + 14 + len) else {
+        let mut lsn = [0u8; 8];
+        if with_lsns {
+            lsn.copy_from_slice(&fixed[12..20]);
+        }
+        let len = u16::from_le_bytes([fixed[fixed_len - 2], fixed[fixed_len - 1]]) as usize;
+        let Some(low) = body.get(at + fixed_len..at + fixed_len + len) else {
             return Err(bad("checkpoint truncated"));
         };
-        if let Some(prev) = leaves.last().map(|l: &LeafEntry| l.low.as_slice()) {
+        if let Some(prev) = leaves.last().map(|l: &SnapshotLeaf| l.low.as_slice()) {
             if low <= prev {
                 return Err(bad("checkpoint leaves out of order"));
             }
@@ -253,12 +264,13 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Lea
         if !seen.insert(pid) {
             return Err(bad("checkpoint names a page id twice"));
         }
-        leaves.push(LeafEntry {
+        leaves.push(SnapshotLeaf {
             pid,
             page: u64::from_le_bytes(page),
+            lsn: u64::from_le_bytes(lsn),
             low: low.to_vec(),
         });
-        at += 14 + len;
+        at += fixed_len + len;
     }
     if at != body.len() || leaves.is_empty() {
         return Err(bad("checkpoint length does not match its leaf count"));
@@ -266,16 +278,23 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Lea
     Ok((lsn, leaves))
 }
 
-fn encode(page_size: usize, lsn: u64, leaves: &[(Vec<u8>, PageId, u64)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + leaves.len() * 24 + 4);
+fn encode(page_size: usize, lsn: u64, leaves: &[SnapshotLeaf]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + leaves.len() * 32 + 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     out.extend_from_slice(&(page_size as u32).to_le_bytes());
     out.extend_from_slice(&lsn.to_le_bytes());
     out.extend_from_slice(&(leaves.len() as u64).to_le_bytes());
-    for (low, pid, page) in leaves {
+    for SnapshotLeaf {
+        low,
+        pid,
+        page,
+        lsn,
+    } in leaves
+    {
         out.extend_from_slice(&pid.to_le_bytes());
         out.extend_from_slice(&page.to_le_bytes());
+        out.extend_from_slice(&lsn.to_le_bytes());
         // Low bounds are keys, at most 8191 bytes (see `Limits`).
         out.extend_from_slice(&(low.len() as u16).to_le_bytes());
         out.extend_from_slice(low);
@@ -371,20 +390,43 @@ mod tests {
 
     #[test]
     fn checkpoint_format_round_trips_and_rejects_damage() {
+        let leaf = |low: &[u8], pid, page, lsn| SnapshotLeaf {
+            low: low.to_vec(),
+            pid,
+            page,
+            lsn,
+        };
         let leaves = vec![
-            (Vec::new(), 0u32, 5u64),
-            (b"m".to_vec(), 3, 9),
-            (b"t".to_vec(), 1, 7),
+            leaf(b"", 0, 5, 10),
+            leaf(b"m", 3, 9, 0),
+            leaf(b"t", 1, 7, 99),
         ];
         let bytes = encode(4096, 0, &leaves);
         let path = FsPath::new("checkpoint");
         let (lsn, back) = decode(&bytes, path, 4096).unwrap();
         assert_eq!(lsn, 0);
-        assert_eq!(back.len(), 3);
-        assert_eq!(
-            (back[1].pid, back[1].page, back[1].low.as_slice()),
-            (3, 9, &b"m"[..])
-        );
+        assert_eq!(back, leaves);
+        // Format 1, without image LSNs, reads as LSN 0.
+        let mut old = Vec::new();
+        old.extend_from_slice(&bytes[..8]);
+        old.extend_from_slice(&FORMAT_WITHOUT_LSNS.to_le_bytes());
+        old.extend_from_slice(&bytes[12..HEADER]);
+        for l in &leaves {
+            old.extend_from_slice(&l.pid.to_le_bytes());
+            old.extend_from_slice(&l.page.to_le_bytes());
+            old.extend_from_slice(&(l.low.len() as u16).to_le_bytes());
+            old.extend_from_slice(&l.low);
+        }
+        old.extend_from_slice(&checksum::crc32c(&old).to_le_bytes());
+        let (_, back) = decode(&old, path, 4096).unwrap();
+        let zeroed: Vec<SnapshotLeaf> = leaves
+            .iter()
+            .map(|l| SnapshotLeaf {
+                lsn: 0,
+                ..l.clone()
+            })
+            .collect();
+        assert_eq!(back, zeroed);
         assert!(matches!(
             decode(&bytes, path, 8192),
             Err(Error::InvalidConfig { .. })

@@ -297,24 +297,29 @@ fn node_slice(
 
 /// Newest-wins merge of a leaf's records (`base`, all present) with a mini-page's (`over`):
 /// a mini-page record replaces the leaf's record with the same key, and hides it when it is
-/// a tombstone or phantom.
+/// a tombstone or phantom; pending merges (Upsert records) go to `fold` with the leaf's value.
 fn overlay(
     base: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
     over: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
-) -> Vec<KeyValue> {
+    fold: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<KeyValue>> {
     let mut out = Vec::with_capacity(base.len() + over.len());
     let mut base = base.into_iter().peekable();
     for (key, value, kind) in over {
         while let Some((k, v, _)) = base.next_if(|b| b.0 < key) {
             out.push((k, v));
         }
-        base.next_if(|b| b.0 == key);
-        if kind.exists() {
+        let below = base.next_if(|b| b.0 == key);
+        if kind == RecordKind::Upsert {
+            if let Some(v) = fold(&key, below.as_ref().map(|b| &b.1[..]), &value)? {
+                out.push((key, v));
+            }
+        } else if kind.exists() {
             out.push((key, value));
         }
     }
     out.extend(base.map(|(k, v, _)| (k, v)));
-    out
+    Ok(out)
 }
 
 impl Shared {
@@ -346,7 +351,7 @@ impl Shared {
             },
         };
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
-            return Ok(overlay(Vec::new(), over));
+            return overlay(Vec::new(), over, |k, b, ops| self.fold(k, b, ops));
         };
         self.counters().count(Event::CacheMiss);
         with_page_buf(self.page_size(), |buf| {
@@ -357,7 +362,9 @@ impl Shared {
                     .storage()
                     .corruption(Some(disk), "the scan crosses a damaged leaf"));
             }
-            let items = overlay(node_slice(leaf, start, end), over);
+            let items = overlay(node_slice(leaf, start, end), over, |k, b, ops| {
+                self.fold(k, b, ops)
+            })?;
             if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > super::leaf::percent_roll()
             {
@@ -381,7 +388,11 @@ impl Shared {
         let (records, dirty) = match page.mini() {
             Some(b) => {
                 let mini = NodeRef::from_bytes(b);
-                (node::merge_sorted(leaf, mini), mini.dirty_count() > 0)
+                let fold = &mut |k: &[u8], b: Option<&[u8]>, ops: &[u8]| self.fold(k, b, ops);
+                let Ok(records) = node::merge_sorted(leaf, mini, fold) else {
+                    return;
+                };
+                (records, mini.dirty_count() > 0)
             }
             None => (node_records(leaf), false),
         };

@@ -325,22 +325,38 @@ impl Shared {
     }
 
     /// Replays the log from the last checkpoint (recovery), before anyone else can write.
-    pub(crate) fn replay_log(&self) -> Result<()> {
+    /// `floors` are the checkpoint's leaves (low bound, image LSN, in key order): a record
+    /// below the image LSN of the leaf its key falls in is already in that leaf's page, and
+    /// is skipped, so that no write applies twice (`pages.rs`).
+    ///
+    /// # Errors
+    /// `Corruption` for a record the tree cannot have written; `InvalidConfig` for a merge
+    /// record when no merge operator is configured; errors from applying a write.
+    pub(crate) fn replay_log(&self, floors: &[(Vec<u8>, crate::wal::Lsn)]) -> Result<()> {
         let dir = self.config.dir.clone().unwrap_or_default();
-        let stats = self.journal.replay(|write| {
-            let (key, op) =
-                write.map_err(|reason| Error::corruption(dir.join("wal"), None, reason))?;
+        let bad = |reason| Error::corruption(dir.join("wal"), None, reason);
+        let stats = self.journal.replay(|lsn, write| {
+            let (key, op) = write.map_err(bad)?;
             let value = match op {
                 WriteOp::Put(value) => value,
                 WriteOp::Delete => &[],
+                WriteOp::Merge(operands) => {
+                    if self.config.merge_operator.is_none() {
+                        return Err(super::merge::no_operator());
+                    }
+                    if !super::merge::is_operand_list(operands) {
+                        return Err(bad("merge record with a damaged operand list"));
+                    }
+                    operands
+                }
             };
             // The tree never logs what it would refuse; applying it could not end.
             if self.limits.check_stored(key, value).is_err() {
-                return Err(Error::corruption(
-                    dir.join("wal"),
-                    None,
-                    "log record larger than this tree accepts",
-                ));
+                return Err(bad("log record larger than this tree accepts"));
+            }
+            let leaf = floors.partition_point(|(low, _)| low.as_slice() <= key);
+            if leaf > 0 && lsn < floors[leaf - 1].1 {
+                return Ok(());
             }
             self.apply(key, op, false).map(|_| ())
         })?;

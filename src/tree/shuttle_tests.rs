@@ -339,25 +339,27 @@ fn shuttle_two_writers_race_mini_page_growth() {
 /// hold another leaf's records).
 fn page_move_races_snapshot() {
     use super::pages::PageTracker;
-    let tracker = Arc::new(PageTracker::from_checkpoint(&[(7, 100)]));
+    let tracker = Arc::new(PageTracker::from_checkpoint(&[(7, 100, 0)]));
     // The last durable checkpoint names page 100; the leaf was written to 200 since.
     assert!(
-        !tracker.moved(7, Some(100), 200),
+        !tracker.moved(7, Some(100), 200, 1),
         "a checkpointed page was freed at once"
     );
     let mover = {
         let tracker = tracker.clone();
-        thread::spawn(move || tracker.moved(7, Some(200), 300))
+        thread::spawn(move || tracker.moved(7, Some(200), 300, 2))
     };
     let snapshot = tracker
         .begin_snapshot(vec![(Vec::new(), 7)])
         .expect("the leaf has a page");
     let freed_200 = mover.join().expect("mover");
-    let named = snapshot[0].2;
+    let named = snapshot[0].page;
     assert!(
         !(freed_200 && named == 200),
         "the snapshot names page 200, which the write-back freed"
     );
+    // The image LSN travels with its page.
+    assert_eq!(snapshot[0].lsn, if named == 200 { 1 } else { 2 });
     // Once the checkpoint is durable, what it no longer names is freed, and only that.
     let freed = tracker.finish_checkpoint(true);
     assert!(
@@ -446,4 +448,81 @@ fn batches_race_scans() {
 fn shuttle_batches_race_scans() {
     shuttle::check_random(batches_race_scans, 500);
     shuttle::check_pct(batches_race_scans, 500, 3);
+}
+
+/// The u64 add merge operator.
+fn add(_key: &[u8], old: Option<&[u8]>, operand: &[u8]) -> Option<Vec<u8>> {
+    let n = |b: Option<&[u8]>| {
+        b.and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    (!operand.is_empty()).then(|| (n(old) + n(Some(operand))).to_le_bytes().to_vec())
+}
+
+/// Blind merges into counters of a leaf on disk race a checkpoint (which builds the leaf's
+/// image, lets go of it, and installs the page only if nobody wrote the leaf meanwhile) and
+/// a reader. Every read must be a count some prefix of the merges gives; at the end each
+/// counter holds every merge exactly once, before and after a reopen.
+fn merges_race_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = || {
+        Config::new(dir.path())
+            .cache_size(64 << 10)
+            .io_backend(IoBackend::Pread)
+            .durability(crate::Durability::Sync)
+            .merge_operator(add)
+    };
+    let tree = Arc::new(Tree::open(config()).expect("open"));
+    let keys: Vec<Vec<u8>> = (0..3u8).map(|i| vec![b'c', i]).collect();
+    for k in &keys {
+        tree.insert(k, 10u64.to_le_bytes()).expect("insert");
+    }
+    evict_all(&tree);
+    let merger = {
+        let (tree, keys) = (tree.clone(), keys.clone());
+        thread::spawn(move || {
+            for round in 0..2 {
+                for k in &keys {
+                    tree.merge(k, 1u64.to_le_bytes()).expect("merge");
+                }
+                if round == 0 {
+                    let mut b = tree.batch();
+                    b.merge(&tree.default_keyspace(), &keys[0], 100u64.to_le_bytes());
+                    b.merge(&tree.default_keyspace(), &keys[2], 100u64.to_le_bytes());
+                    b.commit().expect("batch");
+                }
+            }
+        })
+    };
+    let checkpointer = {
+        let tree = tree.clone();
+        thread::spawn(move || tree.checkpoint().expect("checkpoint"))
+    };
+    let reader = {
+        let (tree, k) = (tree.clone(), keys[0].clone());
+        thread::spawn(move || {
+            let v = tree.get(&k).expect("get").expect("present");
+            let n = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+            assert!([10, 11, 111, 112].contains(&n), "read {n}");
+        })
+    };
+    merger.join().expect("merger");
+    checkpointer.join().expect("checkpointer");
+    reader.join().expect("reader");
+    let expected: BTreeMap<Vec<u8>, Vec<u8>> = keys
+        .iter()
+        .zip([112u64, 12, 112])
+        .map(|(k, n)| (k.clone(), n.to_le_bytes().to_vec()))
+        .collect();
+    check_final(&tree, &expected);
+    // The threads are done with their handles: this drop closes the tree.
+    drop(tree);
+    let tree = Tree::open(config()).expect("reopen");
+    check_final(&tree, &expected);
+}
+
+#[test]
+fn shuttle_merges_race_checkpoint() {
+    shuttle::check_random(merges_race_checkpoint, 300);
+    shuttle::check_pct(merges_race_checkpoint, 300, 3);
 }

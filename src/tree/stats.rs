@@ -52,6 +52,9 @@ pub struct Stats {
     pub foreground_evictions: u64,
     /// Atomic batches applied ([`Batch::commit`](crate::Batch::commit)).
     pub batches: u64,
+    /// Merge operands applied ([`Tree::merge`](crate::Tree::merge) and the merges of
+    /// batches): buffered blind, or folded at once where the value was in memory.
+    pub upserts: u64,
     /// Pages read from the data file.
     pub pages_read: u64,
     /// Pages written to the data file.
@@ -88,6 +91,7 @@ struct Hot {
     cache_misses: AtomicU64,
     promotions: AtomicU64,
     writes_buffered: AtomicU64,
+    upserts: AtomicU64,
 }
 
 /// Something the tree did, for [`Counters::count`].
@@ -172,6 +176,11 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `n` merge operands applied.
+    pub(crate) fn upserts(&self, n: u64) {
+        self.hot().upserts.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Counts `n` writes applied at once (a batch's).
     pub(crate) fn writes(&self, n: u64) {
         self.hot().writes_buffered.fetch_add(n, Ordering::Relaxed);
@@ -224,6 +233,7 @@ impl Shared {
             evictions: self.pool().stats().evictions,
             foreground_evictions: get(&c.foreground_evictions),
             batches: get(&c.batches),
+            upserts: c.sum(|h| &h.upserts),
             pages_read: store.reads,
             pages_written: store.writes,
             data_syncs: store.syncs,

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::node::{NodeKind, NodeMut, NodeRef};
 use crate::store::{PageBuf, PageStore, StoreStats};
 use crate::sync::Arc;
+use crate::wal::Lsn;
 
 /// The data file and the bookkeeping of its pages.
 pub(crate) struct Storage {
@@ -106,10 +107,11 @@ impl Storage {
         Ok(page)
     }
 
-    /// Leaf `pid` now lives in `new`: records that, and frees its old page `old` now, or
-    /// after the next checkpoint if a checkpoint references it (`PageTracker::moved`).
-    pub(crate) fn moved(&self, pid: crate::pool::PageId, old: Option<u64>, new: u64) {
-        if let (true, Some(old)) = (self.pages.moved(pid, old, new), old) {
+    /// Leaf `pid` now lives in `new`, an image built at `lsn`: records that, and frees its
+    /// old page `old` now, or after the next checkpoint if a checkpoint references it
+    /// (`PageTracker::moved`).
+    pub(crate) fn moved(&self, pid: crate::pool::PageId, old: Option<u64>, new: u64, lsn: Lsn) {
+        if let (true, Some(old)) = (self.pages.moved(pid, old, new, lsn), old) {
             self.free(old);
         }
     }

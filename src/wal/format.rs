@@ -10,11 +10,12 @@ use crate::store::checksum;
 
 /// First bytes of every segment file.
 pub(crate) const MAGIC: [u8; 8] = *b"BFKVWAL\0";
-/// Format version written into segment headers: 3 since batch records exist, so a bfkv
-/// that knows no batch refuses the segment instead of cutting the log at the first one.
-pub(crate) const VERSION: u32 = 3;
-/// The version before batch records, still read (its segments hold no batch).
-const VERSION_BEFORE_BATCHES: u32 = 2;
+/// Format version written into segment headers: 4 since merge records exist (3 added batch
+/// records), so a bfkv that knows neither refuses the segment instead of cutting the log at
+/// the first one.
+pub(crate) const VERSION: u32 = 4;
+/// The versions before merge records (3) and before batch records (2), still read.
+const OLDER_VERSIONS: [u32; 2] = [2, 3];
 /// Bytes reserved for the segment header; records start at this file offset.
 pub(crate) const HEADER_SIZE: u64 = 64;
 /// Bytes of the header covered by its checksum (magic .. first LSN).
@@ -38,10 +39,14 @@ const OP_REMOVE: u8 = 2;
 /// another (`encode_batch_write`). One checksum covers them all, so recovery finds the
 /// batch whole or cuts it with the torn tail.
 const OP_BATCH: u8 = 3;
+/// Op byte of a merge record: the key and, as the value, its operand list.
+const OP_MERGE: u8 = 4;
 /// Kind byte of an insert inside a batch record.
 const BATCH_PUT: u8 = 1;
 /// Kind byte of a remove inside a batch record.
 const BATCH_REMOVE: u8 = 2;
+/// Kind byte of a merge inside a batch record (the value is the operand list).
+const BATCH_MERGE: u8 = 3;
 
 /// Bytes the record for `op` takes in the log; also how far it advances the LSN.
 pub(crate) fn record_len(op: &LogOp<'_>) -> u64 {
@@ -49,6 +54,7 @@ pub(crate) fn record_len(op: &LogOp<'_>) -> u64 {
         LogOp::Insert { key, value } => (key.len() as u64, value.len() as u64),
         LogOp::Remove { key } => (key.len() as u64, 0),
         LogOp::Batch { body } => (0, body.len() as u64),
+        LogOp::Merge { key, operands } => (key.len() as u64, operands.len() as u64),
     };
     RECORD_FIXED + varint_len(k) + varint_len(v) + k + v
 }
@@ -100,15 +106,23 @@ pub(crate) fn batch_write_len(key_len: usize, value_len: usize) -> u64 {
     1 + varint_len(k) + varint_len(v) + k + v
 }
 
-/// Appends one write of a batch to `body`: an insert of `value`, or a remove (`None`).
-pub(crate) fn encode_batch_write(body: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
+/// Appends one write of a batch to `body`.
+pub(crate) fn encode_batch_write(body: &mut Vec<u8>, key: &[u8], write: BatchValue<'_>) {
     let mut head = [0u8; 1 + 2 * MAX_VARINT as usize];
-    head[0] = if value.is_some() {
-        BATCH_PUT
-    } else {
-        BATCH_REMOVE
+    let v = match write {
+        BatchValue::Put(v) => {
+            head[0] = BATCH_PUT;
+            v
+        }
+        BatchValue::Remove => {
+            head[0] = BATCH_REMOVE;
+            &[]
+        }
+        BatchValue::Merge(operands) => {
+            head[0] = BATCH_MERGE;
+            operands
+        }
     };
-    let v = value.unwrap_or_default();
     let mut n = 1;
     n += put_varint(&mut head[n..], key.len() as u64);
     n += put_varint(&mut head[n..], v.len() as u64);
@@ -129,8 +143,19 @@ pub(crate) struct BatchWrites<'a> {
     rest: &'a [u8],
 }
 
-/// One decoded write of a batch: key, and value or `None` for a remove.
-pub(crate) type BatchWrite<'a> = (&'a [u8], Option<&'a [u8]>);
+/// One decoded write of a batch: key and what it does.
+pub(crate) type BatchWrite<'a> = (&'a [u8], BatchValue<'a>);
+
+/// What one write of a batch record does to its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BatchValue<'a> {
+    /// Sets this value.
+    Put(&'a [u8]),
+    /// Removes the key.
+    Remove,
+    /// Merges this operand list into the value.
+    Merge(&'a [u8]),
+}
 
 impl<'a> Iterator for BatchWrites<'a> {
     type Item = std::result::Result<BatchWrite<'a>, &'static str>;
@@ -142,8 +167,9 @@ impl<'a> Iterator for BatchWrites<'a> {
             let data = after.get(n..n + k + v)?;
             let (key, value) = data.split_at(k);
             let value = match kind {
-                BATCH_PUT => Some(value),
-                BATCH_REMOVE if v == 0 => None,
+                BATCH_PUT => BatchValue::Put(value),
+                BATCH_REMOVE if v == 0 => BatchValue::Remove,
+                BATCH_MERGE => BatchValue::Merge(value),
                 _ => return None,
             };
             Some(((key, value), n + k + v))
@@ -174,6 +200,7 @@ pub(crate) fn encode_record_into(out: &mut [u8], lsn: Lsn, op: &LogOp<'_>) {
         LogOp::Insert { key, value } => (OP_INSERT, key, value),
         LogOp::Remove { key } => (OP_REMOVE, key, &[]),
         LogOp::Batch { body } => (OP_BATCH, &[], body),
+        LogOp::Merge { key, operands } => (OP_MERGE, key, operands),
     };
     debug_assert_eq!(out.len() as u64, record_len(op));
     // The operation and lengths are put together on the stack and everything is checksummed
@@ -306,7 +333,7 @@ impl SegmentHeader {
             return Err("log segment header checksum mismatch");
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if version != VERSION && version != VERSION_BEFORE_BATCHES {
+        if version != VERSION && !OLDER_VERSIONS.contains(&version) {
             return Err("unsupported log format version");
         }
         let segment_size = le_u64(&b[16..24]);
@@ -441,6 +468,10 @@ pub(crate) fn scan_records<R: Read>(
             OP_INSERT => LogOp::Insert { key, value },
             OP_REMOVE if vlen == 0 => LogOp::Remove { key },
             OP_BATCH if klen == 0 => LogOp::Batch { body: value },
+            OP_MERGE => LogOp::Merge {
+                key,
+                operands: value,
+            },
             _ => return Ok(scan.torn("unknown record operation")),
         };
         visit(scan.end_lsn, op)?;
@@ -510,6 +541,9 @@ mod tests {
                 LogOp::Remove { key } => (lsn, key.to_vec(), None),
                 // A batch's body stands in for its key (only the batch test writes them).
                 LogOp::Batch { body } => (lsn, body.to_vec(), Some(b"batch".to_vec())),
+                LogOp::Merge { key, operands } => {
+                    (lsn, [b"merge:", key].concat(), Some(operands.to_vec()))
+                }
             });
             Ok(())
         })
@@ -541,26 +575,46 @@ mod tests {
                     assert_eq!((key.as_slice(), value.as_deref()), (*k, Some(*v)));
                 }
                 LogOp::Remove { key: k } => assert_eq!((key.as_slice(), value), (*k, &None)),
-                LogOp::Batch { .. } => panic!("no batch was written"),
+                LogOp::Batch { .. } | LogOp::Merge { .. } => panic!("only inserts and removes"),
             }
         }
     }
 
     #[test]
+    fn a_merge_record_round_trips() {
+        let op = LogOp::Merge {
+            key: b"counter",
+            operands: &[1, 7],
+        };
+        let (header, bytes) = segment(5, &[op], 4096);
+        let (scan, seen) = read_all(&header, &bytes);
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.end_lsn, 5 + record_len(&op));
+        assert_eq!(seen, vec![(5, b"merge:counter".to_vec(), Some(vec![1, 7]))]);
+    }
+
+    #[test]
     fn a_batch_record_holds_its_writes_whole() {
         let mut body = Vec::new();
-        let writes: [(&[u8], Option<&[u8]>); 4] = [
-            (b"a", Some(b"1")),
-            (b"", None),
-            (&[9; 200], Some(&[8; 300])),
-            (b"z", Some(b"")),
+        let writes: [(&[u8], BatchValue<'_>); 5] = [
+            (b"a", BatchValue::Put(b"1")),
+            (b"", BatchValue::Remove),
+            (&[9; 200], BatchValue::Put(&[8; 300])),
+            (b"m", BatchValue::Merge(&[1, 2])),
+            (b"z", BatchValue::Put(b"")),
         ];
         for (k, v) in writes {
             encode_batch_write(&mut body, k, v);
         }
         let expected_len: u64 = writes
             .iter()
-            .map(|(k, v)| batch_write_len(k.len(), v.map_or(0, <[u8]>::len)))
+            .map(|(k, v)| {
+                let n = match v {
+                    BatchValue::Put(v) | BatchValue::Merge(v) => v.len(),
+                    BatchValue::Remove => 0,
+                };
+                batch_write_len(k.len(), n)
+            })
             .sum();
         assert_eq!(body.len() as u64, expected_len);
         let decoded: Vec<_> = batch_writes(&body).collect::<Result<_, _>>().unwrap();

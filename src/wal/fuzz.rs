@@ -7,19 +7,24 @@ use std::path::Path;
 use super::format::{self, SegmentHeader, HEADER_SIZE};
 use super::{LogOp, Lsn};
 
-/// An owned decoded record: LSN, kind (`INSERT`, `REMOVE`, `BATCH`), key, value (a batch's
-/// body).
+/// An owned decoded record: LSN, kind (`INSERT`, `REMOVE`, `BATCH`, `MERGE`), key, value (a
+/// batch's body, a merge's operands).
 type Owned = (Lsn, u8, Vec<u8>, Vec<u8>);
 
 const INSERT: u8 = 0;
 const REMOVE: u8 = 1;
 const BATCH: u8 = 2;
+const MERGE: u8 = 3;
 
 /// The operation an owned record stands for.
 fn op_of<'a>(kind: u8, key: &'a [u8], value: &'a [u8]) -> LogOp<'a> {
     match kind {
         INSERT => LogOp::Insert { key, value },
         REMOVE => LogOp::Remove { key },
+        MERGE => LogOp::Merge {
+            key,
+            operands: value,
+        },
         _ => LogOp::Batch { body: value },
     }
 }
@@ -63,6 +68,7 @@ fn check_raw(bytes: &[u8]) -> Vec<Owned> {
                 assert!(writes <= body.len(), "each write takes at least a byte");
                 (lsn, BATCH, Vec::new(), body.to_vec())
             }
+            LogOp::Merge { key, operands } => (lsn, MERGE, key.to_vec(), operands.to_vec()),
         });
         Ok(())
     })
@@ -113,21 +119,22 @@ fn check_model(input: &[u8]) {
         let b = next();
         let klen = usize::from(b & 0x1f);
         let vlen = usize::from(next() % 64);
-        let kind = match b >> 6 {
-            0 | 1 => INSERT,
-            2 => REMOVE,
+        let kind = match (b >> 6, b & 0x20) {
+            (0, _) | (1, 0) => INSERT,
+            (1, _) => MERGE,
+            (2, _) => REMOVE,
             _ => BATCH,
         };
         let key: Vec<u8> = (0..klen).map(|j| (i * 31 + j) as u8).collect();
         let value: Vec<u8> = match kind {
-            INSERT => (0..vlen).map(|j| (i * 7 + j * 3) as u8).collect(),
+            INSERT | MERGE => (0..vlen).map(|j| (i * 7 + j * 3) as u8).collect(),
             REMOVE => Vec::new(),
             // A batch of a remove of `key` and an insert of a `vlen`-byte value.
             _ => {
                 let v: Vec<u8> = (0..vlen).map(|j| (i * 5 + j) as u8).collect();
                 let mut body = Vec::new();
-                format::encode_batch_write(&mut body, &key, None);
-                format::encode_batch_write(&mut body, &v, Some(&key));
+                format::encode_batch_write(&mut body, &key, format::BatchValue::Remove);
+                format::encode_batch_write(&mut body, &v, format::BatchValue::Put(&key));
                 body
             }
         };

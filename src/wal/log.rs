@@ -355,7 +355,11 @@ impl Wal {
             .min(ring.map_or(u64::MAX, |r| r.region.capacity()));
         if len > room {
             let (key, value_len) = match op {
-                LogOp::Insert { key, value } => (key, value.len()),
+                LogOp::Insert { key, value }
+                | LogOp::Merge {
+                    key,
+                    operands: value,
+                } => (key, value.len()),
                 LogOp::Remove { key } => (key, 0),
                 LogOp::Batch { body } => {
                     return Err(Error::BatchTooLarge {

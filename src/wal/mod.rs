@@ -97,7 +97,7 @@ mod tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests_crash;
 
-pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write};
+pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write, BatchValue};
 #[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
 pub(crate) use log::Wal;
@@ -137,6 +137,13 @@ pub(crate) enum LogOp<'a> {
     Batch {
         /// The encoded writes.
         body: &'a [u8],
+    },
+    /// Merge operands for the key (blind: applied over whatever value the key has).
+    Merge {
+        /// The key.
+        key: &'a [u8],
+        /// Its operand list (`tree/merge.rs` encodes it).
+        operands: &'a [u8],
     },
 }
 

@@ -67,7 +67,10 @@ const TMP_FILE: &str = "staging.tmp";
 /// The file in which bfkv 0.1 named a ring it kept outside the directory (`/dev/shm`).
 const OLD_NAME_FILE: &str = "ring";
 const MAGIC: [u8; 8] = *b"BFKVSTG\0";
-const VERSION: u32 = 2;
+/// 3 since merge records exist: a bfkv that knows none refuses the ring rather than cut
+/// the log at the first one. Version 2 rings (no merges) are still read.
+const VERSION: u32 = 3;
+const OLDER_VERSION: u32 = 2;
 const HEADER_LEN: usize = 64;
 /// Largest capacity a header may claim (bounds what recovery reads).
 const MAX_CAPACITY: u64 = 1 << 30;
@@ -160,7 +163,7 @@ impl RingHeader {
         };
         let sane = b[0..8] == MAGIC
             && crc == checksum::crc32c(&b[..32])
-            && b[8..12] == VERSION.to_le_bytes()
+            && (b[8..12] == VERSION.to_le_bytes() || b[8..12] == OLDER_VERSION.to_le_bytes())
             && h.capacity.is_power_of_two()
             && h.capacity <= MAX_CAPACITY
             && h.data_offset >= HEADER_LEN as u64

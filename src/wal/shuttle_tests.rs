@@ -63,7 +63,7 @@ fn scenario(durability: Durability) {
     let mut replayed = Vec::new();
     wal.replay(0, |lsn, op| {
         let key = match op {
-            LogOp::Insert { key, .. } | LogOp::Remove { key } => key,
+            LogOp::Insert { key, .. } | LogOp::Remove { key } | LogOp::Merge { key, .. } => key,
             LogOp::Batch { .. } => panic!("this test writes no batch"),
         };
         replayed.push((lsn, key[0], key[1]));

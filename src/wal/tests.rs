@@ -75,7 +75,9 @@ fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
         out.push(match op {
             LogOp::Insert { key, value } => (lsn, (key.to_vec(), Some(value.to_vec()))),
             LogOp::Remove { key } => (lsn, (key.to_vec(), None)),
-            LogOp::Batch { .. } => panic!("these tests write no batch"),
+            LogOp::Batch { .. } | LogOp::Merge { .. } => {
+                panic!("these tests write no batch or merge")
+            }
         });
         Ok(())
     })

@@ -1,0 +1,182 @@
+//! Merge operators (Bε-tree upserts): a merge buffers its operand in the leaf's mini-page as
+//! an `Upsert` record, without reading the key's value, and the operands are folded over
+//! that value later: by a read of the key, by a write that meets a known value, and by the
+//! write-back that merges the mini-page into its leaf page.
+//!
+//! An `Upsert` record's value is the key's pending operands, oldest first, each as a LEB128
+//! length and its bytes. A merge that finds the key's value decided in the leaf's node (an
+//! insert, a cached value, a tombstone, or any key of a full-page mirror) folds at once and
+//! writes the result; one that finds an `Upsert` record appends to its list; one that finds
+//! nothing there buffers a new list. Only when the list would outgrow a value does a merge
+//! read the leaf's page to fold it. Leaf pages on disk never hold an `Upsert` record.
+
+use super::keyspace::{user_key, Space};
+use super::leaf::with_page_buf;
+use super::{Shared, WriteOp, FLAG_DAMAGED, NO_PAGE};
+use crate::error::{Error, Result};
+
+/// Appends `operand` to the encoded operand list `list`.
+pub(crate) fn push_operand(list: &mut Vec<u8>, operand: &[u8]) {
+    let mut n = operand.len();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            list.push(byte);
+            break;
+        }
+        list.push(byte | 0x80);
+    }
+    list.extend_from_slice(operand);
+}
+
+/// An operand list holding just `operand`.
+pub(crate) fn one_operand(operand: &[u8]) -> Vec<u8> {
+    let mut list = Vec::with_capacity(operand.len() + 3);
+    push_operand(&mut list, operand);
+    list
+}
+
+/// The operands of an encoded list, oldest first; `Err` at the first one that does not
+/// decode (a damaged list).
+pub(crate) fn operands(list: &[u8]) -> impl Iterator<Item = std::result::Result<&[u8], ()>> {
+    let mut rest = list;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut n = 0usize;
+        let mut shift = 0;
+        let mut at = 0;
+        loop {
+            let Some(&b) = rest.get(at).filter(|_| shift < 28) else {
+                rest = &[];
+                return Some(Err(()));
+            };
+            n |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            at += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        let Some(operand) = rest.get(at..at + n) else {
+            rest = &[];
+            return Some(Err(()));
+        };
+        rest = &rest[at + n..];
+        Some(Ok(operand))
+    })
+}
+
+/// Whether `list` is a well-formed operand list (what replay accepts from the log).
+pub(crate) fn is_operand_list(list: &[u8]) -> bool {
+    !list.is_empty() && operands(list).all(|o| o.is_ok())
+}
+
+impl Shared {
+    /// Folds the operand list `list` of stored key `key` over `base` with the configured
+    /// merge operator.
+    ///
+    /// # Errors
+    /// `InvalidConfig` without a merge operator; `ValueTooLarge` if the operator returns a
+    /// value past the limit; `Corruption` for a list that does not decode.
+    pub(crate) fn fold(
+        &self,
+        key: &[u8],
+        base: Option<&[u8]>,
+        list: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(op) = &self.config().merge_operator else {
+            return Err(no_operator());
+        };
+        let user = user_key(key);
+        let mut value = base.map(<[u8]>::to_vec);
+        for operand in operands(list) {
+            let operand = operand.map_err(|()| {
+                Error::corruption(
+                    self.config().dir.clone().unwrap_or_default(),
+                    None,
+                    "a buffered merge operand list does not decode",
+                )
+            })?;
+            value = (op.0)(user, value.as_deref(), operand);
+        }
+        if let Some(v) = &value {
+            self.limits().check(user, v)?;
+        }
+        Ok(value)
+    }
+
+    /// The value of stored key `key` in leaf page `disk` (`None` or [`NO_PAGE`]: no page).
+    ///
+    /// # Errors
+    /// `Io` or `Corruption` reading the page; `Corruption` if the key is absent from a
+    /// damaged leaf (it may have been lost).
+    pub(crate) fn disk_value(&self, disk: Option<u64>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
+            return Ok(None);
+        };
+        with_page_buf(self.page_size(), |buf| {
+            self.storage().read_page(disk, buf)?;
+            let leaf = self.storage().check_leaf(disk, buf)?;
+            match leaf.get(key) {
+                Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
+                None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(
+                    Some(disk),
+                    "the key is in a damaged leaf that may have lost it",
+                )),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Merges `operand` into `key` of `space` (see [`Tree::merge`](crate::Tree::merge)).
+    pub(crate) fn merge_in(&self, space: &Space, key: &[u8], operand: &[u8]) -> Result<()> {
+        self.limits().check(key, operand)?;
+        if self.config().merge_operator.is_none() {
+            return Err(no_operator());
+        }
+        let list = one_operand(operand);
+        self.write(&space.prefix().key(key), WriteOp::Merge(&list))?;
+        self.counters().upserts(1);
+        self.after_write();
+        Ok(())
+    }
+}
+
+/// The error for a merge, or a fold, without a merge operator.
+pub(crate) fn no_operator() -> Error {
+    Error::InvalidConfig {
+        reason: "merge needs a merge operator (Config::merge_operator)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operand_lists_round_trip() {
+        let ops: Vec<Vec<u8>> = vec![vec![], vec![7], vec![1; 127], vec![2; 128], vec![3; 20_000]];
+        let mut list = Vec::new();
+        for o in &ops {
+            push_operand(&mut list, o);
+        }
+        let back: Vec<Vec<u8>> = operands(&list).map(|o| o.unwrap().to_vec()).collect();
+        assert_eq!(back, ops);
+        assert!(is_operand_list(&list));
+        assert_eq!(one_operand(b"ab"), vec![2, b'a', b'b']);
+    }
+
+    #[test]
+    fn damaged_lists_are_refused() {
+        assert!(!is_operand_list(&[]));
+        assert!(!is_operand_list(&[5, 1, 2]));
+        assert!(!is_operand_list(&[0x80]));
+        assert!(!is_operand_list(&[0xff, 0xff, 0xff, 0xff, 0xff, 1]));
+        let mut list = one_operand(b"x");
+        list.push(3);
+        assert!(operands(&list).nth(1).unwrap().is_err());
+    }
+}
