@@ -274,6 +274,11 @@ impl Config {
     /// most [`Limits::max_value_len`] bytes; a longer result is `Err(ValueTooLarge)` for the
     /// call that folds it, and the operands stay buffered.
     ///
+    /// A leaf's operands are folded into its page by one read and one write when its
+    /// mini-page is evicted, so a merge costs that write-back shared by the operands the
+    /// cache held for the leaf: with data far larger than the cache, larger pages (fewer
+    /// leaves, more operands each) make merges cheaper (`docs/benchmarks.md`).
+    ///
     /// ```
     /// let add = |_key: &[u8], old: Option<&[u8]>, operand: &[u8]| {
     ///     let n = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);

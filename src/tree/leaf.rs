@@ -166,13 +166,13 @@ impl Shared {
         };
         if let (Some(bytes), Location::Mini(addr)) = (page.mini(), page.location()) {
             let node = NodeRef::from_bytes(bytes);
-            if let Some((_, RecordKind::Upsert, list)) = node.get(key) {
-                // Pending merges: fold them over the leaf page's value.
-                self.counters().count(Event::CacheMiss);
-                let base = self.disk_value(node.disk_page(), key)?;
-                return Ok(Lookup::answer(self.fold(key, base.as_deref(), list)?));
-            }
             if let Some((i, kind, value)) = node.get(key) {
+                if kind == RecordKind::Upsert {
+                    // Pending merges: fold them over the leaf page's value.
+                    self.counters().count(Event::CacheMiss);
+                    let base = self.disk_value(node.disk_page(), key)?;
+                    return Ok(Lookup::answer(self.fold(key, base.as_deref(), value)?));
+                }
                 self.counters().count(Event::CacheHit);
                 let out = kind.exists().then(|| value.to_vec());
                 let needs_ref = !node.ref_bit(i);
