@@ -48,6 +48,7 @@ mod check;
 mod checkpoint;
 mod clean;
 mod commit;
+mod copied;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 pub(crate) mod crash;
 mod evict;

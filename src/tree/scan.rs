@@ -2,14 +2,15 @@
 //!
 //! An iterator holds no lock between calls: it remembers the next bound on each end, finds
 //! the leaf for it from the root, read-locks it, copies out the records in range (the
-//! mini-page merged over the disk leaf: newest wins, tombstones hide), and unlocks. Moving
+//! mini-page merged over the disk leaf: newest wins, tombstones hide) into one reused buffer
+//! (`copied.rs`), and unlocks. Moving
 //! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
 //! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
 //! a loop, never by recursion.
 
-use std::collections::VecDeque;
 use std::ops::Bound;
 
+use super::copied::Copied;
 use super::inner::{Path, Seek};
 use super::keyspace::{Entered, Space};
 use super::leaf::{node_records, with_page_buf};
@@ -61,9 +62,11 @@ pub struct Range<'t> {
     front: Bound<Vec<u8>>,
     /// Where the back continues (initially `upper`).
     back: Bound<Vec<u8>>,
-    front_buf: VecDeque<KeyValue>,
-    back_buf: VecDeque<KeyValue>,
+    front_buf: Copied,
+    back_buf: Copied,
+    /// The last key yielded from the front (stored form), once one was.
     front_last: Option<Vec<u8>>,
+    /// The last key yielded from the back (stored form), once one was.
     back_last: Option<Vec<u8>>,
     front_done: bool,
     back_done: bool,
@@ -113,8 +116,8 @@ impl<'t> Range<'t> {
             back: upper.clone(),
             lower,
             upper,
-            front_buf: VecDeque::new(),
-            back_buf: VecDeque::new(),
+            front_buf: Copied::default(),
+            back_buf: Copied::default(),
             front_last: None,
             back_last: None,
             front_done: empty,
@@ -136,9 +139,9 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = Vec::new();
             let has_high = path.high_into(&mut high);
-            let mut items = self
-                .tree
-                .collect_leaf(&path, page, &self.front, &self.upper)?;
+            self.front_buf.clear();
+            self.tree
+                .collect_leaf(&path, page, &self.front, &self.upper, &mut self.front_buf)?;
             self.tree.journal().check()?;
             if self.tree.rewind().batched_since(self.start) {
                 // This leaf's part of the range: from the front to its high bound.
@@ -147,9 +150,11 @@ impl<'t> Range<'t> {
                 } else {
                     self.upper.clone()
                 };
+                let mut items = self.front_buf.take_all();
                 self.tree
                     .rewind()
                     .rewind(self.start, &mut items, &self.front, &end);
+                self.front_buf.extend(items);
             }
             // Making the leaf a full-page mirror may have taken room.
             self.tree.nudge_evictors();
@@ -158,7 +163,6 @@ impl<'t> Range<'t> {
             } else {
                 self.front = Bound::Included(high);
             }
-            self.front_buf.extend(items);
         }
         Ok(())
     }
@@ -176,9 +180,9 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut low = Vec::new();
             let has_low = path.low_into(&mut low);
-            let mut items = self
-                .tree
-                .collect_leaf(&path, page, &self.lower, &self.back)?;
+            self.back_buf.clear();
+            self.tree
+                .collect_leaf(&path, page, &self.lower, &self.back, &mut self.back_buf)?;
             self.tree.journal().check()?;
             if self.tree.rewind().batched_since(self.start) {
                 // This leaf's part of the range: from its low bound to the back.
@@ -187,9 +191,11 @@ impl<'t> Range<'t> {
                 } else {
                     self.lower.clone()
                 };
+                let mut items = self.back_buf.take_all();
                 self.tree
                     .rewind()
                     .rewind(self.start, &mut items, &start, &self.back);
+                self.back_buf.extend(items);
             }
             self.tree.nudge_evictors();
             if !has_low || at_or_below_start(&self.lower, &low) {
@@ -197,7 +203,6 @@ impl<'t> Range<'t> {
             } else {
                 self.back = Bound::Excluded(low);
             }
-            self.back_buf.extend(items.into_iter().rev());
         }
         Ok(())
     }
@@ -205,12 +210,6 @@ impl<'t> Range<'t> {
     /// Passes the keyspace's gate, if this iterator came from a `Keyspace`.
     fn enter(&self) -> Result<Option<Entered<'t>>> {
         self.gate.map(Space::enter).transpose()
-    }
-
-    /// The record as the caller sees it: the key without the keyspace prefix.
-    fn user(&self, (mut k, v): KeyValue) -> KeyValue {
-        k.drain(..self.space.prefix().as_slice().len());
-        (k, v)
     }
 
     /// Ends the iteration with `e` as its last item.
@@ -234,12 +233,13 @@ impl Iterator for Range<'_> {
             self.finished = true;
             return None;
         };
-        if self.back_last.as_ref().is_some_and(|b| &k >= b) {
+        if self.back_last.as_ref().is_some_and(|b| k >= b.as_slice()) {
             self.finished = true;
             return None;
         }
-        self.front_last = Some(k.clone());
-        Some(Ok(self.user((k, v))))
+        let item = user(self.space, k, v);
+        remember(&mut self.front_last, k);
+        Some(Ok(item))
     }
 }
 
@@ -251,16 +251,17 @@ impl DoubleEndedIterator for Range<'_> {
         if let Err(e) = self.fill_back() {
             return Some(self.fail(e));
         }
-        let Some((k, v)) = self.back_buf.pop_front() else {
+        let Some((k, v)) = self.back_buf.pop_back() else {
             self.finished = true;
             return None;
         };
-        if self.front_last.as_ref().is_some_and(|f| &k <= f) {
+        if self.front_last.as_ref().is_some_and(|f| k <= f.as_slice()) {
             self.finished = true;
             return None;
         }
-        self.back_last = Some(k.clone());
-        Some(Ok(self.user((k, v))))
+        let item = user(self.space, k, v);
+        remember(&mut self.back_last, k);
+        Some(Ok(item))
     }
 }
 
@@ -269,6 +270,40 @@ impl std::iter::FusedIterator for Range<'_> {}
 impl Drop for Range<'_> {
     fn drop(&mut self) {
         self.tree.rewind().end_scan(self.start);
+    }
+}
+
+/// A stored record as the caller sees it: owned, the key without the keyspace prefix.
+fn user(space: &Space, key: &[u8], value: &[u8]) -> KeyValue {
+    (
+        key[space.prefix().as_slice().len()..].to_vec(),
+        value.to_vec(),
+    )
+}
+
+/// Keeps `key` as the last one yielded from one end, in the buffer kept from the last time.
+fn remember(last: &mut Option<Vec<u8>>, key: &[u8]) {
+    let buf = last.get_or_insert_with(Vec::new);
+    buf.clear();
+    buf.extend_from_slice(key);
+}
+
+/// Copies the present records of a full-page mirror between `start` and `end` into `out`.
+fn copy_mirror(node: NodeRef<'_>, start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>, out: &mut Copied) {
+    let from = match start {
+        Bound::Unbounded => 0,
+        Bound::Included(k) => node.lower_bound(k),
+        Bound::Excluded(k) => node.upper_bound(k),
+    };
+    let mut key = Vec::new();
+    for i in from..node.len() {
+        node.key_into(i, &mut key);
+        if past_end(end, &key) {
+            break;
+        }
+        if node.record_kind(i).exists() {
+            out.push(&key, node.value(i));
+        }
     }
 }
 
@@ -323,27 +358,25 @@ fn overlay(
 }
 
 impl Shared {
-    /// Copies out a read-locked leaf's records between `start` and `end`, ascending.
+    /// Copies out a read-locked leaf's records between `start` and `end`, ascending, into
+    /// `out`.
     fn collect_leaf(
         &self,
         path: &Path<'_>,
         page: ReadGuard<'_>,
         start: &Bound<Vec<u8>>,
         end: &Bound<Vec<u8>>,
-    ) -> Result<Vec<KeyValue>> {
+        out: &mut Copied,
+    ) -> Result<()> {
         let (over, disk) = match page.mini() {
             Some(bytes) => {
                 let node = NodeRef::from_bytes(bytes);
-                let slice = node_slice(node, start, end);
                 if node.kind() == NodeKind::Leaf {
                     self.counters().count(Event::CacheHit);
-                    return Ok(slice
-                        .into_iter()
-                        .filter(|r| r.2.exists())
-                        .map(|(k, v, _)| (k, v))
-                        .collect());
+                    copy_mirror(node, start, end, out);
+                    return Ok(());
                 }
-                (slice, node.disk_page())
+                (node_slice(node, start, end), node.disk_page())
             }
             None => match page.location() {
                 Location::Disk(p) => (Vec::new(), Some(p)),
@@ -351,7 +384,8 @@ impl Shared {
             },
         };
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
-            return overlay(Vec::new(), over, |k, b, ops| self.fold(k, b, ops));
+            out.extend(overlay(Vec::new(), over, |k, b, ops| self.fold(k, b, ops))?);
+            return Ok(());
         };
         self.counters().count(Event::CacheMiss);
         with_page_buf(self.page_size(), |buf| {
@@ -362,9 +396,9 @@ impl Shared {
                     .storage()
                     .corruption(Some(disk), "the scan crosses a damaged leaf"));
             }
-            let items = overlay(node_slice(leaf, start, end), over, |k, b, ops| {
+            out.extend(overlay(node_slice(leaf, start, end), over, |k, b, ops| {
                 self.fold(k, b, ops)
-            })?;
+            })?);
             if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > super::leaf::percent_roll()
             {
@@ -372,7 +406,7 @@ impl Shared {
                     self.mirror_scanned(path, &mut w, leaf, disk);
                 }
             }
-            Ok(items)
+            Ok(())
         })
     }
 
