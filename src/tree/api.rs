@@ -118,6 +118,32 @@ impl Tree {
         self.shared.get_in(self.default_space(), key.as_ref())
     }
 
+    /// The values of `keys`, in order: what [`get`](Tree::get) would return for each. The
+    /// keys the cache answers are answered at once; the leaf pages the others need are read
+    /// together, up to 32 at a time, so the device works on many reads at once instead of
+    /// one (a lookup of many cold keys is limited by the device's throughput, not by its
+    /// latency). Nothing read here is cached.
+    ///
+    /// Each key has its own result: one key's error (too long a key, a damaged leaf) does
+    /// not fail the others.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// tree.insert(b"c", b"3")?;
+    /// let got = tree.get_many(&[b"a", b"b", b"c"]);
+    /// assert_eq!(got.len(), 3);
+    /// assert_eq!(got[0].as_ref().ok(), Some(&Some(b"1".to_vec())));
+    /// assert_eq!(got[1].as_ref().ok(), Some(&None));
+    /// assert_eq!(got[2].as_ref().ok(), Some(&Some(b"3".to_vec())));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<Result<Option<Vec<u8>>>> {
+        let got = self.shared.get_many_in(self.default_space(), keys);
+        self.shared.nudge_evictors();
+        got
+    }
+
     /// Merges `operand` into the value of `key` with the merge operator configured by
     /// [`Config::merge_operator`](crate::Config::merge_operator), without reading the value: a
     /// blind upsert (Bε-tree), buffered in the key's mini-page and folded over the value when

@@ -408,6 +408,30 @@ impl Keyspace {
         self.shared.get_in(&self.space, key.as_ref())
     }
 
+    /// The values of `keys`, in order. As [`Tree::get_many`](crate::Tree::get_many); each
+    /// result is [`Error::Closed`] or [`Error::KeyspaceDropped`] when the keyspace is gone.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// ks.insert(b"k", b"v")?;
+    /// let got = ks.get_many(&[b"k".as_slice(), b"missing"]);
+    /// assert_eq!(got[0].as_ref().ok(), Some(&Some(b"v".to_vec())));
+    /// assert_eq!(got[1].as_ref().ok(), Some(&None));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<Result<Option<Vec<u8>>>> {
+        let Ok(_in) = self.space.enter() else {
+            return keys
+                .iter()
+                .map(|_| self.space.enter().map(|_| None))
+                .collect();
+        };
+        let got = self.shared.get_many_in(&self.space, keys);
+        self.shared.nudge_evictors();
+        got
+    }
+
     /// Merges `operand` into the value of `key` with the tree's merge operator, without
     /// reading the value. As [`Tree::merge`](crate::Tree::merge).
     ///

@@ -61,6 +61,7 @@ mod keyspace;
 mod leaf;
 mod merge;
 mod mirror;
+mod multi;
 mod page_batch;
 mod pages;
 mod persist;

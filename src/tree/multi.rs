@@ -1,0 +1,192 @@
+//! Batched lookups (`get_many`): every key the cache answers is answered at once, and the
+//! leaf pages the rest need are read together with one `read_batch` (up to `BATCH` pages in
+//! flight), instead of one read at a time.
+//!
+//! A key's leaf is looked at twice, each time under its read lock: first to answer from the
+//! cache or to note the leaf's disk page and write token (`PageTracker::write_token`, changed
+//! by every write-back, split and removal of the leaf); then, after the batch read, to answer
+//! from the page read, but only if the cache still does not decide the key and the token is
+//! unchanged (so the page read is still the leaf's). Otherwise, and for a batch that fails,
+//! the key is looked up on its own, so each key gets exactly the answer or error a `get`
+//! would. Nothing is cached from the batch (no promotion).
+
+use super::checkpoint::BATCH;
+use super::inner::Seek;
+use super::keyspace::Space;
+use super::stats::Event;
+use super::{Shared, FLAG_DAMAGED, NO_PAGE};
+use crate::error::Result;
+use crate::node::{NodeKind, NodeRef, RecordKind};
+use crate::pool::{Location, PageId, ReadGuard};
+use crate::store::PageBuf;
+use crate::sync;
+
+/// What a look at a key's leaf found.
+enum Probe {
+    /// The cache decides the key.
+    Answer(Result<Option<Vec<u8>>>),
+    /// The key is decided by leaf `pid`'s disk page `page`, read while its write token was
+    /// `token`.
+    Disk { pid: PageId, page: u64, token: u64 },
+    /// Looked up on its own (pending merge operands to fold).
+    Alone,
+}
+
+/// A key waiting for its leaf's page.
+struct Miss {
+    /// Its position in the caller's keys.
+    at: usize,
+    /// The stored key.
+    key: Vec<u8>,
+    pid: PageId,
+    page: u64,
+    token: u64,
+}
+
+impl Shared {
+    /// The values of `keys` in `space`, in order (see the module docs).
+    pub(crate) fn get_many_in<K: AsRef<[u8]>>(
+        &self,
+        space: &Space,
+        keys: &[K],
+    ) -> Vec<Result<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Result<Option<Vec<u8>>>>> =
+            std::iter::repeat_with(|| None).take(keys.len()).collect();
+        let mut misses = Vec::new();
+        for (at, key) in keys.iter().enumerate() {
+            let key = key.as_ref();
+            if let Err(e) = self.limits().check(key, &[]) {
+                out[at] = Some(Err(e));
+                continue;
+            }
+            let stored = space.prefix().key(key);
+            match self.probe(&stored) {
+                Probe::Answer(answer) => out[at] = Some(answer),
+                Probe::Alone => out[at] = Some(self.get(&stored)),
+                Probe::Disk { pid, page, token } => misses.push(Miss {
+                    at,
+                    key: stored.to_vec(),
+                    pid,
+                    page,
+                    token,
+                }),
+            }
+        }
+        let mut bufs: Vec<PageBuf> = Vec::new();
+        for chunk in misses.chunks(BATCH) {
+            let mut pages: Vec<u64> = chunk.iter().map(|m| m.page).collect();
+            pages.sort_unstable();
+            pages.dedup();
+            bufs.resize_with(pages.len(), || PageBuf::new(self.page_size()));
+            let read = match self.storage().store() {
+                Some(store) => store.read_batch(&pages, &mut bufs[..pages.len()]).is_ok(),
+                None => false,
+            };
+            for m in chunk {
+                self.counters().count(Event::CacheMiss);
+                let answer = match pages.binary_search(&m.page) {
+                    Ok(i) if read => self.answer_from(m, &bufs[i]),
+                    _ => None,
+                };
+                out[m.at] = Some(answer.unwrap_or_else(|| self.get(&m.key)));
+            }
+        }
+        // After the log failed the leaves may hold refused writes (`Journal::check`).
+        out.into_iter()
+            .map(|answer| {
+                self.journal().check()?;
+                answer.unwrap_or(Ok(None))
+            })
+            .collect()
+    }
+
+    /// Looks at the leaf of stored key `key` (see the module docs).
+    fn probe(&self, key: &[u8]) -> Probe {
+        let guard = sync::pin();
+        let (_, page) = self.index().read_leaf(self.pool(), &guard, Seek::Key(key));
+        match cached(&page, key) {
+            Cached::Decided(answer) => {
+                self.counters().count(Event::CacheHit);
+                Probe::Answer(Ok(answer))
+            }
+            Cached::OnDisk => match leaf_disk_page(&page) {
+                Some(disk) => Probe::Disk {
+                    pid: page.page_id(),
+                    page: disk,
+                    token: self.storage().pages().write_token(page.page_id()),
+                },
+                None => Probe::Answer(Ok(None)),
+            },
+            Cached::Pending => Probe::Alone,
+        }
+    }
+
+    /// The answer leaf `m.pid`'s page `buf` (read after the first look) gives for `m`, if
+    /// the leaf still reads that page and its cache still does not decide the key; `None`
+    /// if the key must be looked up again.
+    fn answer_from(&self, m: &Miss, buf: &PageBuf) -> Option<Result<Option<Vec<u8>>>> {
+        let guard = sync::pin();
+        let (_, page) = self
+            .index()
+            .read_leaf(self.pool(), &guard, Seek::Key(&m.key));
+        if page.page_id() != m.pid {
+            return None;
+        }
+        match cached(&page, &m.key) {
+            Cached::Decided(answer) => return Some(Ok(answer)),
+            Cached::OnDisk => {}
+            Cached::Pending => return None,
+        }
+        if leaf_disk_page(&page) != Some(m.page)
+            || self.storage().pages().write_token(m.pid) != m.token
+        {
+            return None;
+        }
+        let leaf = match self.storage().check_leaf(m.page, buf) {
+            Ok(leaf) => leaf,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(match leaf.get(&m.key) {
+            Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
+            None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(
+                Some(m.page),
+                "the key is in a damaged leaf that may have lost it",
+            )),
+            None => Ok(None),
+        })
+    }
+}
+
+/// What a read-locked leaf's cached node says of a key.
+enum Cached {
+    /// It decides the key: its value, or absent.
+    Decided(Option<Vec<u8>>),
+    /// The leaf's disk page decides it.
+    OnDisk,
+    /// Merge operands are pending over the page's value.
+    Pending,
+}
+
+/// What `page`'s cached node says of `key`.
+fn cached(page: &ReadGuard<'_>, key: &[u8]) -> Cached {
+    let Some(bytes) = page.mini() else {
+        return Cached::OnDisk;
+    };
+    let node = NodeRef::from_bytes(bytes);
+    match node.get(key) {
+        Some((_, RecordKind::Upsert, _)) => Cached::Pending,
+        Some((_, kind, v)) => Cached::Decided(kind.exists().then(|| v.to_vec())),
+        None if node.kind() == NodeKind::Leaf => Cached::Decided(None),
+        None => Cached::OnDisk,
+    }
+}
+
+/// A read-locked leaf's disk page, if it has one.
+fn leaf_disk_page(page: &ReadGuard<'_>) -> Option<u64> {
+    let disk = match (page.mini(), page.location()) {
+        (Some(bytes), _) => NodeRef::from_bytes(bytes).disk_page(),
+        (None, Location::Disk(p)) => Some(p),
+        (None, Location::Mini(_)) => None,
+    };
+    disk.filter(|p| *p != NO_PAGE)
+}
