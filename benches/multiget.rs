@@ -2,9 +2,11 @@
 //! tree with a 4 MiB cache (the leaves are about 25 times the cache), `Durability::None`,
 //! uniform random keys, one thread.
 //!
-//! - `device`: random 4 KiB `O_DIRECT` reads of the tree's data file by 32 threads (queue
-//!   depth 32), timed before and after the criterion groups and printed (reads per second):
-//!   the rate `get_many` is measured against, in the same run.
+//! - `device`: random 4 KiB `O_DIRECT` reads of the tree's data file, timed before and after
+//!   the criterion groups and printed (reads per second), two ways: a bare `io_uring` loop that
+//!   submits 32 reads and waits for them, batch after batch (the store bench's "bare" loop
+//!   at depth 32: the rate `get_many` is measured against), and 32 threads reading one page
+//!   at a time each (32 reads always in flight).
 //! - `multiget/get_many`: `get_many` of 32 keys per iteration (throughput in keys).
 //! - `multiget/get`: the same 32 keys with `get`, one at a time.
 //!
@@ -45,8 +47,72 @@ fn config(dir: &Path) -> Config {
         .durability(Durability::None)
 }
 
+/// A page-aligned 4 KiB buffer.
+struct Aligned(*mut u8);
+
+impl Aligned {
+    const LAYOUT: std::alloc::Layout = match std::alloc::Layout::from_size_align(4096, 4096) {
+        Ok(l) => l,
+        Err(_) => panic!("layout"),
+    };
+
+    fn new() -> Aligned {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(Self::LAYOUT) };
+        assert!(!ptr.is_null(), "allocation failed");
+        Aligned(ptr)
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: a live 4096-byte allocation owned by `self`, borrowed mutably once.
+        unsafe { std::slice::from_raw_parts_mut(self.0, 4096) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout and not used after.
+        unsafe { std::alloc::dealloc(self.0, Self::LAYOUT) };
+    }
+}
+
+/// Random 4 KiB direct reads of `file` for `secs`, `DEPTH` per `io_uring` submission, each
+/// batch waited for whole: reads per second.
+fn device_batches(file: &Path, secs: u64) -> f64 {
+    use io_uring::{opcode, types, IoUring};
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+        .expect("open the data file");
+    let pages = f.metadata().expect("metadata").len() / 4096;
+    let mut uring = IoUring::new(DEPTH as u32).expect("io_uring");
+    let mut bufs: Vec<Aligned> = (0..DEPTH).map(|_| Aligned::new()).collect();
+    let mut rng = SmallRng::seed_from_u64(5);
+    let (start, mut reads) = (Instant::now(), 0u64);
+    while start.elapsed() < Duration::from_secs(secs) {
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let offset = rng.gen_range(2..pages) * 4096;
+            let sqe = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.bytes().as_mut_ptr(), 4096)
+                .offset(offset)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the buffer outlives the read, whose completion is reaped below before
+            // the buffer is touched or reused.
+            unsafe { uring.submission().push(&sqe) }.expect("queue full");
+        }
+        uring.submit_and_wait(DEPTH).expect("submit");
+        for cqe in uring.completion() {
+            assert_eq!(cqe.result(), 4096, "read failed");
+            reads += 1;
+        }
+    }
+    reads as f64 / start.elapsed().as_secs_f64()
+}
+
 /// Random 4 KiB direct reads of `file` by `DEPTH` threads for `secs`: reads per second.
-fn device_rate(file: &Path, secs: u64) -> f64 {
+fn device_threads(file: &Path, secs: u64) -> f64 {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -59,22 +125,15 @@ fn device_rate(file: &Path, secs: u64) -> f64 {
         for t in 0..DEPTH {
             let (f, done, reads) = (&f, &done, &reads);
             s.spawn(move || {
-                let layout = std::alloc::Layout::from_size_align(4096, 4096).expect("layout");
-                // SAFETY: the layout is non-zero; the buffer is freed below.
-                let ptr = unsafe { std::alloc::alloc(layout) };
-                assert!(!ptr.is_null(), "allocation failed");
-                // SAFETY: `ptr` is a live 4096-byte allocation only this thread uses.
-                let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 4096) };
+                let mut buf = Aligned::new();
                 let mut rng = SmallRng::seed_from_u64(t as u64);
                 let mut n = 0u64;
                 while !done.load(Ordering::Relaxed) {
                     let page = rng.gen_range(2..pages);
-                    f.read_exact_at(buf, page * 4096).expect("read");
+                    f.read_exact_at(buf.bytes(), page * 4096).expect("read");
                     n += 1;
                 }
                 reads.fetch_add(n, Ordering::Relaxed);
-                // SAFETY: allocated above with this layout, not used after.
-                unsafe { std::alloc::dealloc(ptr, layout) };
             });
         }
         std::thread::sleep(Duration::from_secs(secs));
@@ -93,7 +152,7 @@ fn multiget(c: &mut Criterion) {
         tree.close().expect("close");
     }
     let data = dir.path().join("data");
-    let before = device_rate(&data, 3);
+    let before = (device_batches(&data, 3), device_threads(&data, 3));
     let tree = Tree::open(config(dir.path())).expect("reopen");
     let mut g = c.benchmark_group("multiget");
     g.sample_size(20)
@@ -131,10 +190,11 @@ fn multiget(c: &mut Criterion) {
     }
     g.finish();
     drop(tree);
-    let after = device_rate(&data, 3);
+    let after = (device_batches(&data, 3), device_threads(&data, 3));
     eprintln!(
-        "device: random 4 KiB O_DIRECT reads at depth {DEPTH}: {before:.0}/s before, \
-         {after:.0}/s after"
+        "device: random 4 KiB O_DIRECT reads, io_uring batches of {DEPTH}: {:.0}/s before, \
+         {:.0}/s after; {DEPTH} threads: {:.0}/s before, {:.0}/s after",
+        before.0, after.0, before.1, after.1
     );
 }
 
