@@ -375,7 +375,7 @@ fn a_million_removed_keys_scan_without_deep_recursion() {
     let tree = Tree::open(Config::new(dir.path()).cache_size(8 << 20)).expect("open");
     let k = |i: usize| (i as u64 * 2).to_be_bytes();
     for i in 0..N {
-        tree.insert(k(i), b"v").expect("insert");
+        tree.insert(k(i), [b'v'; 16]).expect("insert");
     }
     // On disk as full leaves; the removals below become tombstones over them, then empty
     // leaves as eviction merges the tombstones in.

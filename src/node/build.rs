@@ -214,6 +214,31 @@ pub(crate) fn split_records(
     low: Option<&[u8]>,
     high: Option<&[u8]>,
 ) -> Vec<(Range<usize>, Option<Vec<u8>>)> {
+    cut(records, node_size, kind, low, high, false)
+}
+
+/// As [`split_records`], with every group but the last as full as it can be: for a leaf
+/// whose new records were all appended past its end (ascending inserts), where the left
+/// part will not grow again and a balanced cut would leave it half empty for good.
+pub(crate) fn split_records_packed(
+    records: &[Record],
+    node_size: usize,
+    kind: NodeKind,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+) -> Vec<(Range<usize>, Option<Vec<u8>>)> {
+    cut(records, node_size, kind, low, high, true)
+}
+
+/// [`split_records`] (`packed`: [`split_records_packed`]).
+fn cut(
+    records: &[Record],
+    node_size: usize,
+    kind: NodeKind,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+    packed: bool,
+) -> Vec<(Range<usize>, Option<Vec<u8>>)> {
     let n = records.len();
     if n == 0 {
         return vec![(0..0, low.map(<[u8]>::to_vec))];
@@ -233,10 +258,13 @@ pub(crate) fn split_records(
     };
     let greedy = plan.greedy();
     let k = greedy.len() - 1;
-    let bounds = plan
-        .balanced(k)
-        .or_else(|| plan.balanced(k + 1))
-        .unwrap_or(greedy);
+    let bounds = if packed {
+        greedy
+    } else {
+        plan.balanced(k)
+            .or_else(|| plan.balanced(k + 1))
+            .unwrap_or(greedy)
+    };
     bounds
         .windows(2)
         .map(|w| (w[0]..w[1], plan.low_of(w[0]).map(<[u8]>::to_vec)))

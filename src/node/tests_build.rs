@@ -226,3 +226,43 @@ fn mini_pages_of_any_size_class_hold_search_and_copy_their_records() {
     }
     assert!(!valid_size(72) && !valid_size(48) && !valid_size(65552));
 }
+
+#[test]
+fn packed_splits_fill_every_group_but_the_last() {
+    let recs = records(300, 40);
+    let groups = split_records_packed(&recs, 4096, NodeKind::Leaf, None, None);
+    assert!(groups.len() > 2);
+    assert_eq!(groups[0].0.start, 0);
+    assert_eq!(groups.last().unwrap().0.end, recs.len());
+    for (g, (range, glow)) in groups.iter().enumerate() {
+        let ghigh = groups.get(g + 1).and_then(|n| n.1.as_deref());
+        let mut b = buf(4096);
+        build(
+            &mut b,
+            NodeKind::Leaf,
+            glow.as_deref(),
+            ghigh,
+            &recs[range.clone()],
+        )
+        .expect("each group fits");
+        if g + 1 < groups.len() {
+            // One record more and it would not: the group is as full as it can be.
+            let more = &recs[range.start..=range.end];
+            let mut b = buf(4096);
+            let next_high = groups.get(g + 2).and_then(|n| n.1.as_deref());
+            let high = if range.end + 1 == groups[g + 1].0.end {
+                next_high
+            } else {
+                ghigh
+            };
+            assert!(
+                build(&mut b, NodeKind::Leaf, glow.as_deref(), high, more).is_err(),
+                "group {g} could take one more record"
+            );
+        }
+    }
+    // A balanced split of the same records spreads them over as many groups or more.
+    let balanced = split_records(&recs, 4096, NodeKind::Leaf, None, None);
+    assert!(balanced.len() >= groups.len());
+    assert!(groups[0].0.len() > balanced[0].0.len());
+}

@@ -13,7 +13,7 @@ use super::stats::Event;
 use super::storage::Storage;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::{Error, Result};
-use crate::node::{self, NodeKind, NodeMut, NodeRef, Record};
+use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::{EvictGuard, Location, PageId, WriteGuard};
 use crate::store::{PageBuf, PageStore};
 use crate::sync;
@@ -55,6 +55,29 @@ enum Merged {
     /// and these are the records salvaged from the mini-page): these are they, for the
     /// general path, and whether the leaf is damaged (`FLAG_DAMAGED`).
     Fallback(Vec<Record>, bool),
+}
+
+/// Whether every record of `merged` (a mini-page's leaf with the mini-page merged in) from
+/// the mini-page's first inserted key on came from the mini-page: its inserts were appended
+/// past the end of the leaf (ascending inserts), so a split should leave the left part full.
+fn appended_past_end(mini: NodeRef<'_>, merged: &[Record]) -> bool {
+    let mut first = None;
+    let mut inserts = 0;
+    for i in 0..mini.len() {
+        if mini.record_kind(i) == RecordKind::Insert {
+            inserts += 1;
+            if first.is_none() {
+                let mut key = Vec::new();
+                mini.key_into(i, &mut key);
+                first = Some(key);
+            }
+        }
+    }
+    let Some(first) = first else {
+        return false;
+    };
+    let tail = merged.len() - merged.partition_point(|r| r.key.as_slice() < first.as_slice());
+    tail > 0 && tail <= inserts && tail < merged.len()
 }
 
 /// Whether a cached node holds changes its disk page lacks: a dirty (or never written)
@@ -189,7 +212,11 @@ impl Shared {
             }
         }
 
-        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref());
+        let groups = if node.kind() == NodeKind::Mini && appended_past_end(node, &records) {
+            self.leaf_groups_packed(&records, low.as_deref(), high.as_deref())
+        } else {
+            self.leaf_groups(&records, low.as_deref(), high.as_deref())
+        };
         if groups.len() > 1 {
             let local;
             let smo = match smo {

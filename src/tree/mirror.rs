@@ -133,7 +133,14 @@ impl Shared {
     ) -> Attempt<Written> {
         let disk = page.mini().and_then(|b| NodeRef::from_bytes(b).disk_page());
         let (low, high) = path.bounds();
-        let groups = self.leaf_groups(records, low.as_deref(), high.as_deref());
+        // `key` was written past every other record: an ascending insert, whose leaf is cut
+        // where it is full rather than in half.
+        let appended = records.last().is_some_and(|r| r.key.as_slice() == key);
+        let groups = if appended {
+            self.leaf_groups_packed(records, low.as_deref(), high.as_deref())
+        } else {
+            self.leaf_groups(records, low.as_deref(), high.as_deref())
+        };
         self.split_into(path, page, key, records, &groups, disk)
     }
 
@@ -146,6 +153,17 @@ impl Shared {
         high: Option<&[u8]>,
     ) -> Vec<(std::ops::Range<usize>, Option<Vec<u8>>)> {
         node::split_records(records, self.page_size(), NodeKind::Leaf, low, high)
+    }
+
+    /// As [`Shared::leaf_groups`], each group but the last as full as it can be
+    /// (`node::split_records_packed`): for records appended past a leaf's end.
+    pub(super) fn leaf_groups_packed(
+        &self,
+        records: &[Record],
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Vec<(std::ops::Range<usize>, Option<Vec<u8>>)> {
+        node::split_records_packed(records, self.page_size(), NodeKind::Leaf, low, high)
     }
 
     /// Installs `records`, cut into `groups`, as this leaf (the first group) and new leaves
