@@ -422,21 +422,26 @@ impl Config {
         self.dir.as_deref()
     }
 
-    /// The key and value limits that follow from the page size.
+    /// The key and value limits that follow from the page size and from whether the tree
+    /// has a directory (an in-memory tree stores no value out of line).
     ///
     /// ```
     /// let limits = bfkv::Config::in_memory().limits();
     /// assert_eq!((limits.max_key_len, limits.max_record_len), (1024, 2048));
     /// ```
     pub fn limits(&self) -> Limits {
-        Limits {
+        let limits = Limits {
             max_batch_len: max_batch_len(
                 self.cache_size,
                 self.log_segment_size,
                 self.log_staging_size,
             ),
             ..Limits::for_page_size(self.page_size)
+        };
+        if self.dir.is_none() {
+            return limits.inline_only();
         }
+        limits
     }
 
     /// Checks every setting; `Tree::open` calls this first.
@@ -497,27 +502,37 @@ impl Config {
 /// (`tree/keyspace.rs`).
 pub(crate) const MAX_KEY_PREFIX: usize = 5;
 
-/// Size limits of keys and values, derived from the page size so that any two records and
-/// the page's fence keys always fit in one leaf page (a split always makes progress).
+/// The longest value a tree with a directory stores: 64 MiB.
+pub(crate) const MAX_VALUE_LEN: usize = 64 << 20;
+
+/// Size limits of keys and values. Key and record limits derive from the page size so that
+/// any two records and the page's fence keys always fit in one leaf page (a split always
+/// makes progress).
 ///
-/// With the default 4 KiB pages: keys up to 1024 bytes, key + value up to 2048 bytes. The
-/// limits are the same in every keyspace.
+/// With the default 4 KiB pages: keys up to 1024 bytes; a value whose key + value fit in
+/// 2048 bytes is stored in its leaf record, a longer one out of line in the blob file (the
+/// leaf holds a 28-byte reference), up to 64 MiB. An in-memory tree has no blob file: its
+/// values stop where records do. The limits are the same in every keyspace.
 ///
 /// ```
 /// let limits = bfkv::Limits::for_page_size(4096);
 /// assert_eq!(limits.max_key_len, 1024);
 /// assert_eq!(limits.max_record_len, 2048);
-/// assert_eq!(limits.max_value_len, 2048);
+/// assert_eq!(limits.max_value_len, 64 << 20);
+/// let in_memory = bfkv::Config::in_memory().limits();
+/// assert_eq!(in_memory.max_value_len, 2048);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Longest key, in bytes: a quarter page, at most 8186 (the 13-bit length field, less
     /// the keyspace prefix stored in front of every key).
     pub max_key_len: usize,
-    /// Longest key + value, in bytes: half a page, at most 32767 (the 15-bit length field).
+    /// Longest key + value stored in a leaf record, in bytes: half a page, at most 32767
+    /// (the 15-bit length field). Longer values are stored out of line.
     pub max_record_len: usize,
-    /// Longest value, in bytes (with an empty key; a longer key leaves less, see
-    /// [`Limits::check`]).
+    /// Longest value, in bytes: 64 MiB in a tree with a directory (values past
+    /// `max_record_len` less the key go to the blob file); in an in-memory tree, what a
+    /// record holds with an empty key (a longer key leaves less, see [`Limits::check`]).
     pub max_value_len: usize,
     /// Most bytes the writes of one [`Batch`](crate::Batch) may take, each counted as its
     /// key and value plus at most 11 bytes ([`Batch::len_bytes`](crate::Batch::len_bytes)):
@@ -551,7 +566,7 @@ impl Limits {
         Limits {
             max_key_len: (page_size / 4).min(8191 - MAX_KEY_PREFIX),
             max_record_len,
-            max_value_len: max_record_len,
+            max_value_len: MAX_VALUE_LEN,
             max_batch_len: max_batch_len(
                 DEFAULT_CACHE_SIZE,
                 DEFAULT_LOG_SEGMENT_SIZE,
@@ -563,24 +578,51 @@ impl Limits {
     /// Checks a key and value against the limits.
     ///
     /// # Errors
-    /// [`Error::KeyTooLarge`] or [`Error::ValueTooLarge`] (whose limit is what remains of
-    /// the record limit after this key).
+    /// [`Error::KeyTooLarge`], or [`Error::ValueTooLarge`] past `max_value_len` (without
+    /// out-of-line values: past what remains of the record limit after this key).
     ///
     /// ```
     /// let limits = bfkv::Limits::for_page_size(4096);
     /// assert!(limits.check(&[0; 1024], &[0; 1024]).is_ok());
+    /// assert!(limits.check(b"k", &vec![0; 64 << 20]).is_ok());
     /// assert!(matches!(
     ///     limits.check(&[0; 1025], b""),
     ///     Err(bfkv::Error::KeyTooLarge { len: 1025, limit: 1024 })
     /// ));
+    /// assert!(matches!(
+    ///     limits.check(b"k", &vec![0; (64 << 20) + 1]),
+    ///     Err(bfkv::Error::ValueTooLarge { limit: 67108864, .. })
+    /// ));
     /// ```
     pub fn check(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        if self.max_value_len > self.max_record_len {
+            self.check_key(key)?;
+            if value.len() > self.max_value_len {
+                return Err(Error::ValueTooLarge {
+                    len: value.len(),
+                    limit: self.max_value_len,
+                });
+            }
+            return Ok(());
+        }
+        self.check_inline(key, value)
+    }
+
+    /// The key limit alone.
+    fn check_key(&self, key: &[u8]) -> Result<()> {
         if key.len() > self.max_key_len {
             return Err(Error::KeyTooLarge {
                 len: key.len(),
                 limit: self.max_key_len,
             });
         }
+        Ok(())
+    }
+
+    /// Whether `key` and `value` fit one leaf record (merge operands and merge results,
+    /// which are never stored out of line, must).
+    pub(crate) fn check_inline(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_key(key)?;
         let limit = self.max_record_len - key.len();
         if value.len() > limit {
             return Err(Error::ValueTooLarge {
@@ -600,7 +642,20 @@ impl Limits {
             max_value_len: self.max_value_len,
             max_batch_len: self.max_batch_len,
         }
-        .check(key, value)
+        .check_inline(key, value)
+    }
+
+    /// The longest value stored inline with user key `key` (0 past the key limit).
+    pub(crate) fn inline_value_len(&self, key: &[u8]) -> usize {
+        self.max_record_len.saturating_sub(key.len())
+    }
+
+    /// These limits without out-of-line values (a tree without a blob file).
+    pub(crate) fn inline_only(self) -> Limits {
+        Limits {
+            max_value_len: self.max_record_len,
+            ..self
+        }
     }
 }
 
@@ -672,7 +727,8 @@ mod tests {
 
     #[test]
     fn check_reports_the_remaining_value_limit() {
-        let l = Limits::for_page_size(4096);
+        // Without out-of-line values (an in-memory tree): what the record leaves.
+        let l = Config::in_memory().limits();
         l.check(&[], &[]).unwrap();
         l.check(&[0; 1024], &[0; 1024]).unwrap();
         assert!(matches!(
@@ -689,5 +745,15 @@ mod tests {
                 limit: 1048
             })
         ));
+        // With them: the value limit, whatever the key; records hold what check_inline
+        // accepts.
+        let l = Limits::for_page_size(4096);
+        l.check(&[0; 1000], &[0; 1049]).unwrap();
+        assert!(l.check_inline(&[0; 1000], &[0; 1049]).is_err());
+        assert!(matches!(
+            l.check(&[0; 1025], &[]),
+            Err(Error::KeyTooLarge { .. })
+        ));
+        assert_eq!(l.inline_value_len(&[0; 48]), 2000);
     }
 }

@@ -6,6 +6,20 @@
 //! holding recent writes, hot records and known-absent keys; mini-pages live in one circular
 //! buffer whose size is the memory budget.
 //!
+//! Values up to half a page with their key live in the leaf records. Longer ones, up to
+//! 64 MiB ([`Limits::max_value_len`]), go through the same API to the blob file, written
+//! first in large direct-I/O requests; the leaf, the log and the cache hold a 28-byte
+//! reference, so large values neither crowd the cache nor pass through the log.
+//!
+//! ```
+//! let dir = tempfile::tempdir()?;
+//! let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+//! let doc = vec![7u8; 3 << 20];
+//! tree.insert(b"doc", &doc)?;
+//! assert_eq!(tree.get(b"doc")?, Some(doc));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Layers, top to bottom: the public API (this file, [`Config`], [`Error`]), the tree core,
 //! the buffer pool (`pool`), the page layout shared by every node (`node`), and the page
 //! store (`store`), the only code that touches a data file. `docs/ARCHITECTURE.md` explains

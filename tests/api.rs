@@ -80,13 +80,28 @@ fn oversized_keys_and_values_are_rejected_and_change_nothing() {
             tree.get(&long_key),
             Err(Error::KeyTooLarge { .. })
         ));
-        let long_val = vec![b'v'; limits.max_record_len - 4];
+        // A tree with a directory stores longer values out of line, up to `max_value_len`;
+        // an in-memory one stops at what a record holds with the key.
+        let out_of_line = limits.max_value_len > limits.max_record_len;
+        let (long_val, limit) = if out_of_line {
+            (vec![b'v'; limits.max_value_len + 1], limits.max_value_len)
+        } else {
+            (
+                vec![b'v'; limits.max_record_len - 4],
+                limits.max_record_len - 5,
+            )
+        };
         assert!(matches!(
             tree.insert(b"small", &long_val),
-            Err(Error::ValueTooLarge { limit, .. }) if limit == limits.max_record_len - 5
+            Err(Error::ValueTooLarge { limit: l, .. }) if l == limit
         ));
-        let mut over = max_val.clone();
-        over.push(b'v');
+        let over = if out_of_line {
+            long_val
+        } else {
+            let mut over = max_val.clone();
+            over.push(b'v');
+            over
+        };
         assert!(matches!(
             tree.insert(&max_key, &over),
             Err(Error::ValueTooLarge { .. })

@@ -111,7 +111,7 @@ impl FileStore {
 /// it with `EINVAL`, and then the page cache is used), `F_NOCACHE` on macOS. An existing
 /// file must be a regular file of this user that others cannot write
 /// (`sys::check_trusted`).
-fn open_file(path: &Path) -> io::Result<(File, bool)> {
+pub(super) fn open_file(path: &Path) -> io::Result<(File, bool)> {
     let mut options = crate::sys::private_options();
     options.create(true);
     let (file, direct) = open_uncached(path, &options)?;
@@ -149,7 +149,7 @@ fn open_uncached(path: &Path, options: &std::fs::OpenOptions) -> io::Result<(Fil
 }
 
 /// Makes the new file's directory entry durable.
-fn sync_parent_dir(path: &Path) -> Result<()> {
+pub(super) fn sync_parent_dir(path: &Path) -> Result<()> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

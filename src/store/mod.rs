@@ -58,6 +58,7 @@
 //! store keeps for itself by twice the largest free list divided by `(P - 32) / 8`.
 
 mod alloc;
+mod blob;
 mod buf;
 pub(crate) mod checksum;
 mod disk;
@@ -74,11 +75,14 @@ mod uring;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_blob;
 #[cfg(all(test, target_os = "linux"))]
 mod uring_tests;
 
 use crate::error::Result;
 
+pub(crate) use blob::{blocks_for, BlobFile, Extents, BLOB_BLOCK};
 pub(crate) use buf::PageBuf;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 pub(crate) use fault::FaultStore;

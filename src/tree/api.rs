@@ -65,6 +65,10 @@ impl Tree {
 
     /// Inserts `key` → `value`, replacing any previous value.
     ///
+    /// A value too long for a leaf record with its key (past [`Limits::max_record_len`])
+    /// is written to the blob file first and the leaf holds a reference to it (see the
+    /// crate docs); values go up to [`Limits::max_value_len`], 64 MiB.
+    ///
     /// # Errors
     /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) / [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`] (the tree is
     /// unchanged), [`Error::CacheFull`](crate::Error::CacheFull) for a full in-memory tree, [`Error::Io`](crate::Error::Io) or
@@ -75,8 +79,10 @@ impl Tree {
     /// tree.insert(b"k", b"one")?;
     /// tree.insert(b"k", b"two")?; // replaces
     /// assert_eq!(tree.get(b"k")?, Some(b"two".to_vec()));
-    /// // Too large: an error, and the tree is unchanged.
+    /// // Too large a key: an error, and the tree is unchanged.
     /// assert!(tree.insert(vec![0u8; 4096], b"").is_err());
+    /// // An in-memory tree keeps values in records: half a page at most.
+    /// assert!(tree.insert(b"k", vec![0u8; 4096]).is_err());
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<()> {

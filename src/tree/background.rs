@@ -12,7 +12,9 @@
 //!
 //! A checkpointer thread writes a checkpoint when the log has grown past
 //! `Config::checkpoint_log_bytes` since the last one, which bounds the log's size and the
-//! time recovery needs to replay it.
+//! time recovery needs to replay it, and when values written out of line call for one
+//! (`Blobs::wants_checkpoint`: checkpoints free the extents overwrites left behind), with or
+//! without a log.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -115,8 +117,8 @@ impl Shared {
 }
 
 impl Background {
-    /// Starts `evictors` evictor threads and, when writes are logged, a checkpointer (none
-    /// of either for in-memory trees).
+    /// Starts `evictors` evictor threads and a checkpointer (none of either for in-memory
+    /// trees).
     pub(crate) fn start(tree: &Arc<Shared>, evictors: usize) -> Background {
         let (evict, checkpoint) = (tree.evict_bell().clone(), tree.checkpoint_bell().clone());
         let file_backed = !tree.storage().is_in_memory();
@@ -135,7 +137,9 @@ impl Background {
                 .spawn(move || run_evictor(&tree, &control, idle));
             threads.extend(spawned.ok());
         }
-        if file_backed && tree.journal().logs_writes() && !cfg!(shuttle) {
+        // Without a log, checkpoints are still what frees the blob file's extents
+        // (`Blobs::wants_checkpoint`).
+        if file_backed && !cfg!(shuttle) {
             let (tree, control) = (tree.clone(), checkpoint.clone());
             let spawned = std::thread::Builder::new()
                 .name("bfkv-checkpoint".into())

@@ -2,9 +2,9 @@
 //!
 //! 1. `flush`: every write acknowledged before the call is in the log (or, without a log,
 //!    in the checkpoint `flush` writes); then a checkpoint, so the log to copy is short.
-//! 2. With checkpoints held off (so the pages the last one references stay as they are and
-//!    no log segment is removed), copy the checkpoint file and the data file, and link (or
-//!    copy) the log's segments. Pages written since the checkpoint are copied too but
+//! 2. With checkpoints held off (so the pages the last one references stay as they are, no
+//!    log segment is removed, and no blob extent is freed), copy the checkpoint file and the
+//!    data file, link (or copy) the log's segments, then copy the blob file. Pages written since the checkpoint are copied too but
 //!    referenced by nothing the copy holds; the active segment is copied, and what it holds
 //!    past the point it was read is cut as a torn tail.
 //! 3. Open the copy as a tree (its recovery replays the copied log over the copied
@@ -48,6 +48,11 @@ impl Shared {
                 }
             }
             sync_dir(&wal_dir)?;
+            // After the log: every extent a copied record names was written before the
+            // record was appended, and no extent is freed before the next checkpoint.
+            if dir.join("blobs").exists() {
+                copy_file(&dir.join("blobs"), &target.join("blobs"))?;
+            }
             sync_dir(target)
         });
         let result = result.and_then(|()| self.check_backup(target));

@@ -140,8 +140,10 @@ impl Batch {
     /// The bytes the writes take as the batch's log record, which
     /// [`Limits::max_batch_len`](crate::Limits::max_batch_len) bounds: each write's key and
     /// value, its keyspace's prefix (1 byte for the default keyspace and the first 239
-    /// named ones, up to 5) and 3 to 11 bytes of kind and lengths. Writes the commit
-    /// collapses (a key written twice) still count here.
+    /// named ones, up to 5) and 3 to 11 bytes of kind and lengths. A value stored out of
+    /// line (longer than a leaf record holds) counts as its 28-byte reference: the commit
+    /// writes it to the blob file before it applies the batch. Writes the commit collapses
+    /// (a key written twice) still count here.
     ///
     /// ```
     /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
@@ -208,7 +210,13 @@ impl Batch {
             });
             return;
         }
-        if let Err(e) = self.shared.limits().check(key, value) {
+        let change = change();
+        // Merge operands are never stored out of line.
+        let checked = match change {
+            Change::Merge(_) => self.shared.limits().check_inline(key, value),
+            _ => self.shared.limits().check(key, value),
+        };
+        if let Err(e) = checked {
             self.error = Some(e);
             return;
         }
@@ -216,8 +224,8 @@ impl Batch {
             self.spaces.push(space.clone());
         }
         let key = space.prefix().key(key).to_vec();
-        let change = change();
-        self.len_bytes += crate::wal::batch_write_len(key.len(), change.len()) as usize;
+        let logged = self.shared.stored_len(&key, &change);
+        self.len_bytes += crate::wal::batch_write_len(key.len(), logged) as usize;
         self.writes.push((key, change));
     }
 }

@@ -188,6 +188,7 @@ impl Shared {
         let prefix = space.prefix();
         loop {
             let keys: Vec<Vec<u8>> = super::scan::Range::new::<&[u8], _>(self, &space, false, ..)
+                .keys_only()
                 .take(DROP_CHUNK)
                 .map(|r| r.map(|(k, _)| k))
                 .collect::<Result<_>>()?;

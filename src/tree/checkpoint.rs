@@ -280,7 +280,7 @@ impl Shared {
             return Ok(());
         };
         debug_assert_eq!(batch.staged_len(), staged.len());
-        if let Err(e) = batch.write_out(&**store) {
+        if let Err(e) = batch.write_out(&**store, self.storage().blobs()) {
             self.abandon(staged, batch);
             return Err(e);
         }

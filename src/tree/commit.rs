@@ -19,8 +19,11 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use super::blob::REF_LEN;
 use super::inner::Path;
+use super::keyspace::user_key;
 use super::leaf::{apply, node_records, MINI_OVERHEAD};
+use super::outline::Stored;
 use super::rewind::Undo;
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
@@ -130,13 +133,13 @@ impl Shared {
                 _ => sorted.push((key, change)),
             }
         }
-        let writes = sorted;
+        let mut writes = sorted;
         if writes.is_empty() {
             return Ok(());
         }
         let len: u64 = writes
             .iter()
-            .map(|(k, c)| crate::wal::batch_write_len(k.len(), c.len()))
+            .map(|(k, c)| crate::wal::batch_write_len(k.len(), self.stored_len(k, c)))
             .sum();
         let limit = self.limits().max_batch_len;
         if len > limit as u64 {
@@ -145,18 +148,67 @@ impl Shared {
                 limit,
             });
         }
+        self.journal().check()?;
+        let extents = self.store_batch_values(&mut writes)?;
+        let result = self.commit_stored(&writes, len, merges);
+        for &start in &extents {
+            // Even a failed commit may have applied them (a log that refused its record).
+            self.storage().blobs().applied(start);
+        }
+        result
+    }
+
+    /// The bytes a batch write's value takes in the log: a value stored out of line takes
+    /// its reference's.
+    pub(crate) fn stored_len(&self, key: &[u8], change: &Change) -> usize {
+        match change {
+            Change::Put(v)
+                if self
+                    .storage()
+                    .blobs()
+                    .must_store(v, self.limits().inline_value_len(user_key(key))) =>
+            {
+                REF_LEN
+            }
+            c => c.len(),
+        }
+    }
+
+    /// Writes the batch's values that go out of line to their extents, and puts their
+    /// references in their place; returns the extents. On error none stays allocated.
+    fn store_batch_values(&self, writes: &mut [Write]) -> Result<Vec<u64>> {
+        let mut extents = Vec::new();
+        for (key, change) in writes.iter_mut() {
+            let Change::Put(value) = change else { continue };
+            let outline = match self.store_value(user_key(key), value) {
+                Ok(Stored::Inline(_)) => continue,
+                Ok(Stored::Outline(r, bytes)) => (r.start, bytes),
+                Err(e) => {
+                    for &start in &extents {
+                        self.storage().blobs().discard(start);
+                    }
+                    return Err(e);
+                }
+            };
+            extents.push(outline.0);
+            *value = outline.1.to_vec();
+        }
+        Ok(extents)
+    }
+
+    /// `commit_batch` once the writes hold what their leaves store (`len` bytes logged).
+    fn commit_stored(&self, writes: &[Write], len: u64, merges: u64) -> Result<()> {
         // The log record's body, when writes are logged.
         let mut body = Vec::new();
         if self.journal().logs_writes() {
             body.reserve(len as usize);
-            for (key, change) in &writes {
+            for (key, change) in writes {
                 crate::wal::encode_batch_write(&mut body, key, change.logged());
             }
         }
-        self.journal().check()?;
         let mut spins = 0u32;
         loop {
-            match self.try_commit(&writes, &body)? {
+            match self.try_commit(writes, &body)? {
                 Attempted::Done(appended) => {
                     if merges > 0 {
                         self.counters().upserts(merges);
@@ -188,7 +240,8 @@ impl Shared {
                 list.extend_from_slice(&more);
                 Change::Merge(list)
             }
-            (Change::Put(v), Change::Merge(ops)) => folded(self.fold(key, Some(&v), &ops)?),
+            // A batch holds its users' values: nothing to read out of line.
+            (Change::Put(v), Change::Merge(ops)) => folded(self.fold_value(key, Some(&v), &ops)?),
             (Change::Delete, Change::Merge(ops)) => folded(self.fold(key, None, &ops)?),
         })
     }
@@ -242,7 +295,13 @@ impl Shared {
         self.counters().count(Event::Batch);
         let appended = self.journal().append_batch(body);
         if let Some(undo) = undo {
-            self.rewind().publish(&ticket, undo);
+            // Under the leaves' locks the old values' references are current.
+            let blobs = self.storage().blobs();
+            let outline = undo
+                .iter()
+                .any(|(_, old)| old.as_deref().is_some_and(|v| blobs.decode(v).is_some()));
+            self.rewind()
+                .publish(&ticket, undo, outline.then(|| blobs.pin()));
         }
         // Emptied mirrors leave the tree, as after a single removal.
         for i in emptied.into_iter().rev() {

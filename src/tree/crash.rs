@@ -186,6 +186,7 @@ pub(super) fn open_with(config: Config, store: Arc<FaultStore>, fs: Arc<MemFs>) 
         Path::new(DIR),
         store,
         PathBuf::from(format!("{DIR}/data")),
+        None,
         fs,
         None,
     )?);

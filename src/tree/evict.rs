@@ -250,7 +250,11 @@ impl Shared {
         }
         let new_page = with_page_buf(self.page_size(), |buf| -> Result<u64> {
             self.build_leaf(buf, low, high, &records, damaged)?;
-            Storage::write_new_page(&**store, buf)
+            let page = Storage::write_new_page(&**store, buf)?;
+            self.storage()
+                .blobs()
+                .page_written(page, NodeRef::from_bytes(buf));
+            Ok(page)
         })?;
         let lsn = self.journal().image_lsn();
         Ok(Step::Done(self.moved(pid, disk, new_page, after, lsn)))
@@ -351,6 +355,9 @@ impl Shared {
                 Err(e) => return self.salvage(e, mini),
             }
             let new_page = Storage::write_new_page(&**store, buf)?;
+            self.storage()
+                .blobs()
+                .page_written(new_page, NodeRef::from_bytes(buf));
             Ok(Merged::Written(self.moved(
                 pid,
                 Some(disk),
@@ -506,7 +513,13 @@ impl Shared {
                 }
                 bufs.push(buf);
             }
-            store.write_batch(&pages, &mut bufs)
+            store.write_batch(&pages, &mut bufs)?;
+            for (&page, buf) in pages.iter().zip(&bufs) {
+                self.storage()
+                    .blobs()
+                    .page_written(page, NodeRef::from_bytes(buf));
+            }
+            Ok(())
         };
         match built() {
             Ok(()) => Ok(pages),

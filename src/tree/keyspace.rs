@@ -269,7 +269,11 @@ impl Shared {
     /// Inserts `key` → `value` in `space`.
     pub(crate) fn put_in(&self, space: &Space, key: &[u8], value: &[u8]) -> Result<()> {
         self.limits().check(key, value)?;
-        self.write(&space.prefix.key(key), WriteOp::Put(value))?;
+        let stored = self.store_value(key, value)?;
+        let written = self.write(&space.prefix.key(key), WriteOp::Put(stored.bytes()));
+        // Even a failed write may have been applied (a log that refused its record).
+        self.settle(&stored, true);
+        written?;
         self.after_write();
         Ok(())
     }
@@ -285,10 +289,11 @@ impl Shared {
     /// The value of `key` in `space`.
     pub(crate) fn get_in(&self, space: &Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.limits().check(key, &[])?;
-        let value = self.get(&space.prefix.key(key));
+        let key = space.prefix.key(key);
+        let found = self.get(&key);
         // A promotion or a move to the tail may have taken room.
         self.nudge_evictors();
-        value
+        self.resolve_found(&key, found?)
     }
 
     /// Compare-and-swap of `key` in `space` (see [`Tree::compare_and_swap`](crate::Tree::compare_and_swap)).
@@ -300,7 +305,17 @@ impl Shared {
         new: Option<&[u8]>,
     ) -> Result<bool> {
         self.limits().check(key, new.unwrap_or_default())?;
-        let swapped = self.compare_and_swap(&space.prefix.key(key), expected, new)?;
+        let stored = new.map(|v| self.store_value(key, v)).transpose()?;
+        let swapped = self.compare_and_swap(
+            &space.prefix.key(key),
+            expected,
+            stored.as_ref().map(super::outline::Stored::bytes),
+        );
+        if let Some(s) = &stored {
+            // A comparison that failed wrote nothing; an error may have come after the write.
+            self.settle(s, !matches!(swapped, Ok(false)));
+        }
+        let swapped = swapped?;
         self.after_write();
         Ok(swapped)
     }

@@ -75,13 +75,35 @@ pub(crate) fn is_operand_list(list: &[u8]) -> bool {
 }
 
 impl Shared {
-    /// Folds the operand list `list` of stored key `key` over `base` with the configured
-    /// merge operator.
+    /// Folds the operand list `list` of stored key `key` over `base`, a stored value (a
+    /// value stored out of line is read: the operator sees the whole value), with the
+    /// configured merge operator.
+    ///
+    /// # Errors
+    /// As [`Shared::fold_value`], and `Io` or `Corruption` reading an out-of-line base.
+    pub(crate) fn fold(
+        &self,
+        key: &[u8],
+        base: Option<&[u8]>,
+        list: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        match base.and_then(|b| self.storage().blobs().decode(b)) {
+            // Callers hold the leaf's lock (or the base is a batch's own write): the
+            // reference is current.
+            Some(r) => self.fold_value(key, Some(&self.read_blob(&r)?), list),
+            None => self.fold_value(key, base, list),
+        }
+    }
+
+    /// Folds the operand list `list` of stored key `key` over the user's value `base`. The
+    /// result is stored in the leaf, so it must fit a record.
     ///
     /// # Errors
     /// `InvalidConfig` without a merge operator; `ValueTooLarge` if the operator returns a
-    /// value past the limit; `Corruption` for a list that does not decode.
-    pub(crate) fn fold(
+    /// value past what a record holds with the key (or one that would read as a reference to
+    /// an out-of-line value, which only an out-of-line write may store); `Corruption` for a
+    /// list that does not decode.
+    pub(crate) fn fold_value(
         &self,
         key: &[u8],
         base: Option<&[u8]>,
@@ -103,7 +125,13 @@ impl Shared {
             value = (op.0)(user, value.as_deref(), operand);
         }
         if let Some(v) = &value {
-            self.limits().check(user, v)?;
+            self.limits().check_inline(user, v)?;
+            if self.storage().blobs().decode(v).is_some() {
+                return Err(Error::ValueTooLarge {
+                    len: v.len(),
+                    limit: v.len() - 1,
+                });
+            }
         }
         Ok(value)
     }
@@ -133,7 +161,7 @@ impl Shared {
 
     /// Merges `operand` into `key` of `space` (see [`Tree::merge`](crate::Tree::merge)).
     pub(crate) fn merge_in(&self, space: &Space, key: &[u8], operand: &[u8]) -> Result<()> {
-        self.limits().check(key, operand)?;
+        self.limits().check_inline(key, operand)?;
         if self.config().merge_operator.is_none() {
             return Err(no_operator());
         }

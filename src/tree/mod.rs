@@ -13,6 +13,7 @@
 //! | background | `background.rs` | evictor and checkpointer threads | `Shared::nudge_evictors`, `Background::nudge_checkpointer` |
 //! | counters | `stats.rs` | what the tree did | `Counters::count(Event)` |
 //! | batches | `batch.rs`, `commit.rs`, `rewind.rs` | the public `Batch`, its commit, the batch sequence | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
+//! | large values | `blob.rs`, `outline.rs` | the blob file's extents in use (in `Storage`), pins | `Shared::store_value` / `settle` (writes), `resolve_found` / `user_value` (reads), `Blobs::page_written`, `table`, `checkpointed`, `claim` |
 //!
 //! `shared.rs` composes them into `Shared`, the state every handle, iterator and background
 //! thread of one open tree shares; `api.rs` is the public [`Tree`] over it, `scan.rs` the
@@ -40,6 +41,7 @@ mod api;
 mod background;
 mod backup;
 mod batch;
+mod blob;
 mod catalog;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
@@ -62,6 +64,7 @@ mod leaf;
 mod merge;
 mod mirror;
 mod multi;
+mod outline;
 mod page_batch;
 mod pages;
 mod persist;

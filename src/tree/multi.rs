@@ -93,9 +93,13 @@ impl Shared {
         }
         // After the log failed the leaves may hold refused writes (`Journal::check`).
         out.into_iter()
-            .map(|answer| {
+            .zip(keys)
+            .map(|(answer, key)| {
                 self.journal().check()?;
-                answer.unwrap_or(Ok(None))
+                let found = answer.unwrap_or(Ok(None))?;
+                // A value stored out of line is read now (checked again if its extent
+                // fails verification, as for `get`).
+                self.resolve_found(&space.prefix().key(key.as_ref()), found)
             })
             .collect()
     }

@@ -2,10 +2,11 @@
 //! leaves built and waiting for one `write_batch`, the pages read ahead with one
 //! `read_batch`, and spare buffers reused across batches.
 
+use super::blob::Blobs;
 use super::evict::Action;
 use super::storage::Storage;
 use crate::error::Result;
-use crate::node::NodeMut;
+use crate::node::{NodeMut, NodeRef};
 use crate::pool::PageId;
 use crate::store::{PageBuf, PageStore};
 
@@ -91,9 +92,12 @@ impl PageBatch {
     ///
     /// # Errors
     /// `Io` from the store.
-    pub(super) fn write_out(&mut self, store: &dyn PageStore) -> Result<()> {
+    pub(super) fn write_out(&mut self, store: &dyn PageStore, blobs: &Blobs) -> Result<()> {
         let n = self.pages.len();
         store.write_batch(&self.pages, &mut self.bufs[..n])?;
+        for (&page, buf) in self.pages.iter().zip(&self.bufs) {
+            blobs.page_written(page, NodeRef::from_bytes(buf));
+        }
         self.pages.clear();
         Ok(())
     }

@@ -16,16 +16,20 @@
 //! | 16..24 | LSN the checkpoint covers (0 until the write-ahead log exists) |
 //! | 24..32 | leaf count n |
 //! | ... | n × (page id u32, disk page u64, image LSN u64, low-bound length u16, low-bound bytes) in key order |
+//! | ... | blob extent count m (u64), then m × (leaf page u64, first block u64, blocks u64) |
 //! | last 4 | crc32c of everything before |
 //!
 //! A leaf's image LSN (`pages.rs`) says which logged writes its page already holds: replay
-//! skips the records below it that fall in the leaf's range. Format 1 (no image LSNs, from
-//! before merges existed) is still read, as LSN 0: replaying its writes again is harmless.
+//! skips the records below it that fall in the leaf's range. The blob extents are those the
+//! leaves' records reference (`blob.rs`), each with the page that references it. Format 2
+//! (no extents, from before large values) is read with none; format 1 (no image LSNs, from
+//! before merges existed) as LSN 0 too: replaying its writes again is harmless.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::path::{Path as FsPath, PathBuf};
 
+use super::blob::{Blobs, TableEntry};
 use super::index::Index;
 use super::journal::Journal;
 use super::pages::{PageTracker, SnapshotLeaf};
@@ -42,7 +46,9 @@ use crate::wal::{Lsn, Wal, WalConfig};
 use crate::Durability;
 
 const MAGIC: &[u8; 8] = b"BFKVCKP1";
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
+/// The format before blob extents, still read.
+const FORMAT_WITHOUT_BLOBS: u32 = 2;
 /// The format before image LSNs, still read.
 const FORMAT_WITHOUT_LSNS: u32 = 1;
 const HEADER: usize = 32;
@@ -106,17 +112,28 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
     let data_path = dir.join("data");
     let store: Arc<dyn PageStore> =
         Arc::new(FileStore::open(&data_path, config.page_size, backend)?);
-    open_on(config, &dir, store, data_path, Arc::new(StdFs), Some(lock))
+    let blobs = Some(dir.join("blobs"));
+    open_on(
+        config,
+        &dir,
+        store,
+        data_path,
+        blobs,
+        Arc::new(StdFs),
+        Some(lock),
+    )
 }
 
 /// Opens the tree in `dir` over the page store `store` (named `data_path` in errors), with
 /// its log and checkpoint file on `fs`: the production `open` passes the data file and
-/// [`StdFs`]; the power-cut tests pass a `FaultStore` and an in-memory `MemFs`.
+/// [`StdFs`]; the power-cut tests pass a `FaultStore` and an in-memory `MemFs`, and no
+/// blob file (`blobs_path`; without one every value is stored inline).
 pub(crate) fn open_on(
     config: Config,
     dir: &FsPath,
     store: Arc<dyn PageStore>,
     data_path: PathBuf,
+    blobs_path: Option<PathBuf>,
     fs: Arc<dyn LogFs>,
     lock: Option<DirLock>,
 ) -> Result<Shared> {
@@ -127,11 +144,13 @@ pub(crate) fn open_on(
         Err(e) => return Err(Error::io(&ckpt_path, e)),
     };
     let file_pages = store.stats().file_pages;
-    let checkpoint_lsn = loaded.as_ref().map_or(0, |(lsn, _)| *lsn);
+    let checkpoint_lsn = loaded.as_ref().map_or(0, |(lsn, _, _)| *lsn);
     // Each checkpointed leaf's low bound and image LSN, for replay.
     let mut floors: Vec<(Vec<u8>, Lsn)> = Vec::new();
-    let (pool, root, tracker) = if let Some((_, leaves)) = loaded {
+    let mut table = Vec::new();
+    let (pool, root, tracker) = if let Some((_, leaves, extents)) = loaded {
         let referenced: HashSet<u64> = leaves.iter().map(|l| l.page).collect();
+        table = extents;
         for l in &leaves {
             if l.page < FIRST_DATA_PAGE || l.page >= file_pages {
                 return Err(Error::corruption(
@@ -184,13 +203,17 @@ pub(crate) fn open_on(
             },
         },
     )?;
+    let blobs = match blobs_path {
+        Some(path) => Blobs::open(&path, &table)?,
+        None => Blobs::none(),
+    };
     let durability = config.durability;
     let index = Index::new(root, config.page_size);
     let shared = Shared::assemble(
         config,
         pool,
         index,
-        Storage::new(store, data_path, tracker),
+        Storage::new(store, data_path, tracker, blobs),
         Journal::new(wal, durability, checkpoint_lsn),
         lock,
     );
@@ -204,7 +227,10 @@ pub(crate) fn open_on(
     Ok(shared)
 }
 
-fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<SnapshotLeaf>)> {
+/// A checkpoint file's content: its LSN, its leaves in key order, its blob extents.
+type Decoded = (Lsn, Vec<SnapshotLeaf>, Vec<TableEntry>);
+
+fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<Decoded> {
     let bad = |reason| Error::corruption(path, None, reason);
     if bytes.len() < HEADER + 4 {
         return Err(bad("checkpoint file too short"));
@@ -218,9 +244,10 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Sna
     }
     let u32_at =
         |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
-    let with_lsns = match u32_at(8) {
-        FORMAT => true,
-        FORMAT_WITHOUT_LSNS => false,
+    let (with_lsns, with_blobs) = match u32_at(8) {
+        FORMAT => (true, true),
+        FORMAT_WITHOUT_BLOBS => (true, false),
+        FORMAT_WITHOUT_LSNS => (false, false),
         _ => return Err(bad("unsupported checkpoint format version")),
     };
     let fixed_len = if with_lsns { 22 } else { 14 };
@@ -272,14 +299,39 @@ fn decode(bytes: &[u8], path: &FsPath, page_size: usize) -> Result<(Lsn, Vec<Sna
         });
         at += fixed_len + len;
     }
+    let mut table = Vec::new();
+    if with_blobs {
+        let Some(count) = body.get(at..at + 8).map(|_| u64_at(at)) else {
+            return Err(bad("checkpoint truncated"));
+        };
+        at += 8;
+        let fits = count
+            .checked_mul(24)
+            .is_some_and(|n| n <= (body.len() - at) as u64);
+        if !fits {
+            return Err(bad("checkpoint truncated"));
+        }
+        for _ in 0..count {
+            let (page, start, blocks) = (u64_at(at), u64_at(at + 8), u64_at(at + 16));
+            if blocks == 0 {
+                return Err(bad("checkpoint names an empty blob extent"));
+            }
+            table.push(TableEntry {
+                page,
+                start,
+                blocks,
+            });
+            at += 24;
+        }
+    }
     if at != body.len() || leaves.is_empty() {
         return Err(bad("checkpoint length does not match its leaf count"));
     }
-    Ok((lsn, leaves))
+    Ok((lsn, leaves, table))
 }
 
-fn encode(page_size: usize, lsn: u64, leaves: &[SnapshotLeaf]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + leaves.len() * 32 + 4);
+fn encode(page_size: usize, lsn: u64, leaves: &[SnapshotLeaf], table: &[TableEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + leaves.len() * 32 + 12 + table.len() * 24);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
     out.extend_from_slice(&(page_size as u32).to_le_bytes());
@@ -298,6 +350,12 @@ fn encode(page_size: usize, lsn: u64, leaves: &[SnapshotLeaf]) -> Vec<u8> {
         // Low bounds are keys, at most 8191 bytes (see `Limits`).
         out.extend_from_slice(&(low.len() as u16).to_le_bytes());
         out.extend_from_slice(low);
+    }
+    out.extend_from_slice(&(table.len() as u64).to_le_bytes());
+    for e in table {
+        out.extend_from_slice(&e.page.to_le_bytes());
+        out.extend_from_slice(&e.start.to_le_bytes());
+        out.extend_from_slice(&e.blocks.to_le_bytes());
     }
     let crc = checksum::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -340,6 +398,8 @@ impl Shared {
         let batches_held =
             (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
         self.storage().pages().start_checkpoint();
+        // Every reference applied before now is in the leaves written below (`blob.rs`).
+        let blob_count = self.storage().blobs().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
@@ -362,20 +422,25 @@ impl Shared {
             })?
         };
         drop(batches_held);
+        let blobs = self.storage().blobs();
+        let table = blobs.table(snapshot.iter().map(|l| l.page));
         // The pages hold every write applied before their leaf was written, some logged
         // after `lsn`: their records must be durable before the checkpoint makes those
-        // writes permanent, or a log failure could refuse a write the checkpoint kept.
+        // writes permanent, or a log failure could refuse a write the checkpoint kept. So
+        // must the extents their references name.
         let result = wal
             .sync_through(wal.next_lsn())
             .and_then(|()| store.sync())
+            .and_then(|()| blobs.sync())
             .and_then(|()| {
-                let bytes = encode(self.page_size(), lsn, &snapshot);
+                let bytes = encode(self.page_size(), lsn, &snapshot, &table);
                 write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
             });
         for p in self.storage().pages().finish_checkpoint(result.is_ok()) {
             self.storage().free(p);
         }
         if result.is_ok() {
+            blobs.checkpointed(blob_count, &table);
             self.counters().count(Event::Checkpoint);
             // The checkpoint is durable: the log below its LSN is no longer needed.
             self.journal().checkpointed(lsn)?;
@@ -401,11 +466,23 @@ mod tests {
             leaf(b"m", 3, 9, 0),
             leaf(b"t", 1, 7, 99),
         ];
-        let bytes = encode(4096, 0, &leaves);
+        let table = vec![TableEntry {
+            page: 9,
+            start: 100,
+            blocks: 4096,
+        }];
+        let bytes = encode(4096, 0, &leaves, &table);
         let path = FsPath::new("checkpoint");
-        let (lsn, back) = decode(&bytes, path, 4096).unwrap();
+        let (lsn, back, extents) = decode(&bytes, path, 4096).unwrap();
         assert_eq!(lsn, 0);
         assert_eq!(back, leaves);
+        assert_eq!(extents, table);
+        // Format 2, without blob extents, reads with none.
+        let mut two = bytes[..bytes.len() - 4 - 8 - 24].to_vec();
+        two[8..12].copy_from_slice(&FORMAT_WITHOUT_BLOBS.to_le_bytes());
+        two.extend_from_slice(&checksum::crc32c(&two).to_le_bytes());
+        let (_, back, extents) = decode(&two, path, 4096).unwrap();
+        assert_eq!((back, extents), (leaves.clone(), Vec::new()));
         // Format 1, without image LSNs, reads as LSN 0.
         let mut old = Vec::new();
         old.extend_from_slice(&bytes[..8]);
@@ -418,7 +495,7 @@ mod tests {
             old.extend_from_slice(&l.low);
         }
         old.extend_from_slice(&checksum::crc32c(&old).to_le_bytes());
-        let (_, back) = decode(&old, path, 4096).unwrap();
+        let (_, back, _) = decode(&old, path, 4096).unwrap();
         let zeroed: Vec<SnapshotLeaf> = leaves
             .iter()
             .map(|l| SnapshotLeaf {

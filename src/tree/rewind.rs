@@ -27,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use super::blob::BlobPin;
 use super::scan::KeyValue;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock};
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
@@ -81,8 +82,9 @@ struct State {
     /// many batches ran since it started.
     by_key: BTreeMap<Vec<u8>, Vec<(u64, Old)>>,
     /// The numbers of the batches saved, with their keys (for pruning), in publication
-    /// order.
-    saved: Vec<(u64, Vec<Vec<u8>>)>,
+    /// order, and the pin that keeps the extents of saved values stored out of line from
+    /// reuse (`blob.rs`) for as long as a scan may yield them.
+    saved: Vec<(u64, Vec<Vec<u8>>, Option<BlobPin>)>,
 }
 
 /// A batch's place in the sequence, taken with its locks held.
@@ -177,8 +179,9 @@ impl Rewind {
         Ticket { seq, save }
     }
 
-    /// Publishes a batch's undo (before its locks are released).
-    pub(crate) fn publish(&self, ticket: &Ticket, undo: Undo) {
+    /// Publishes a batch's undo (before its locks are released), with the pin that keeps
+    /// its old values' extents, if any, from reuse.
+    pub(crate) fn publish(&self, ticket: &Ticket, undo: Undo, pin: Option<BlobPin>) {
         let mut state = self.state.lock();
         let mut keys = Vec::with_capacity(undo.len());
         for (key, old) in undo {
@@ -187,7 +190,7 @@ impl Rewind {
             entries.insert(at, (ticket.seq, old.map(Arc::from)));
             keys.push(key);
         }
-        state.saved.push((ticket.seq, keys));
+        state.saved.push((ticket.seq, keys, pin));
         self.has_saved.store(true, Ordering::Release);
         state.prune(self);
     }
@@ -279,7 +282,7 @@ impl State {
             return;
         };
         let by_key = &mut self.by_key;
-        self.saved.retain(|(seq, keys)| {
+        self.saved.retain(|(seq, keys, _)| {
             if *seq > first {
                 return true;
             }
@@ -336,6 +339,7 @@ mod tests {
         r.publish(
             &after,
             undo(&[("b", Some("b0")), ("c", None), ("d", Some("d0"))]),
+            None,
         );
         let mut items = vec![kv("a", "a1"), kv("b", "b1"), kv("c", "c1"), kv("e", "e1")];
         r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
@@ -369,7 +373,7 @@ mod tests {
         assert_eq!(scans.iter().filter(|s| s.slot.is_none()).count(), 6);
         let t = r.ticket();
         assert!(t.save_undo());
-        r.publish(&t, undo(&[("k", None)]));
+        r.publish(&t, undo(&[("k", None)]), None);
         // Ending all but one overflowed scan keeps the undo it needs.
         let (last, rest) = scans.split_last().unwrap();
         assert!(last.slot.is_none());
@@ -392,8 +396,8 @@ mod tests {
         let first = r.ticket();
         let second = r.ticket();
         // Published in the other order.
-        r.publish(&second, undo(&[("k", Some("v1"))]));
-        r.publish(&first, undo(&[("k", Some("v0"))]));
+        r.publish(&second, undo(&[("k", Some("v1"))]), None);
+        r.publish(&first, undo(&[("k", Some("v0"))]), None);
         let mut items = vec![kv("k", "v2")];
         r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
         assert_eq!(items, vec![kv("k", "v0")]);

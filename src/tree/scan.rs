@@ -10,6 +10,7 @@
 
 use std::ops::Bound;
 
+use super::blob::BlobPin;
 use super::copied::Copied;
 use super::inner::{Path, Seek};
 use super::keyspace::{Entered, Space};
@@ -64,6 +65,12 @@ pub struct Range<'t> {
     back: Bound<Vec<u8>>,
     front_buf: Copied,
     back_buf: Copied,
+    /// Keep the extents the buffers' references name from reuse until they are yielded
+    /// (taken before a leaf is copied, when the tree stores values out of line).
+    front_pin: Option<BlobPin>,
+    back_pin: Option<BlobPin>,
+    /// What it yields for values stored out of line.
+    values: Values,
     /// The last key yielded from the front (stored form), once one was.
     front_last: Option<Vec<u8>>,
     /// The last key yielded from the back (stored form), once one was.
@@ -74,6 +81,15 @@ pub struct Range<'t> {
     /// The last batch number when the scan started: later batches are kept out of what it
     /// yields (`rewind.rs`).
     start: super::rewind::ScanStart,
+}
+
+/// What a scan yields for a value stored out of line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// The value, read from the blob file.
+    Read,
+    /// Its reference, as the leaf stores it (for a caller that uses the keys only).
+    Stored,
 }
 
 /// Whether `key` is at or past the end bound `end` (going up).
@@ -118,6 +134,9 @@ impl<'t> Range<'t> {
             upper,
             front_buf: Copied::default(),
             back_buf: Copied::default(),
+            front_pin: None,
+            back_pin: None,
+            values: Values::Read,
             front_last: None,
             back_last: None,
             front_done: empty,
@@ -136,6 +155,7 @@ impl<'t> Range<'t> {
                 Bound::Unbounded => Seek::First,
                 Bound::Included(k) | Bound::Excluded(k) => Seek::Key(k),
             };
+            self.front_pin = self.tree.blob_pin();
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = Vec::new();
             let has_high = path.high_into(&mut high);
@@ -177,6 +197,7 @@ impl<'t> Range<'t> {
                 Bound::Included(k) => Seek::Key(k),
                 Bound::Excluded(k) => Seek::Before(k),
             };
+            self.back_pin = self.tree.blob_pin();
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut low = Vec::new();
             let has_low = path.low_into(&mut low);
@@ -205,6 +226,13 @@ impl<'t> Range<'t> {
             }
         }
         Ok(())
+    }
+
+    /// This iterator, yielding the stored form of values kept out of line instead of
+    /// reading them: for a caller that uses the keys only (a keyspace drop).
+    pub(crate) fn keys_only(mut self) -> Self {
+        self.values = Values::Stored;
+        self
     }
 
     /// Passes the keyspace's gate, if this iterator came from a `Keyspace`.
@@ -237,7 +265,10 @@ impl Iterator for Range<'_> {
             self.finished = true;
             return None;
         }
-        let item = user(self.space, k, v);
+        let item = match user(self.tree, self.space, k, v, self.values) {
+            Ok(item) => item,
+            Err(e) => return Some(self.fail(e)),
+        };
         remember(&mut self.front_last, k);
         Some(Ok(item))
     }
@@ -259,7 +290,10 @@ impl DoubleEndedIterator for Range<'_> {
             self.finished = true;
             return None;
         }
-        let item = user(self.space, k, v);
+        let item = match user(self.tree, self.space, k, v, self.values) {
+            Ok(item) => item,
+            Err(e) => return Some(self.fail(e)),
+        };
         remember(&mut self.back_last, k);
         Some(Ok(item))
     }
@@ -274,11 +308,21 @@ impl Drop for Range<'_> {
 }
 
 /// A stored record as the caller sees it: owned, the key without the keyspace prefix.
-fn user(space: &Space, key: &[u8], value: &[u8]) -> KeyValue {
-    (
-        key[space.prefix().as_slice().len()..].to_vec(),
-        value.to_vec(),
-    )
+/// The user's key and value of a stored record (a value stored out of line is read now:
+/// the buffer's pin keeps its extent).
+fn user(
+    tree: &Shared,
+    space: &Space,
+    key: &[u8],
+    value: &[u8],
+    values: Values,
+) -> Result<KeyValue> {
+    let outline = tree.storage().blobs().decode(value);
+    let value = match outline.filter(|_| values == Values::Read) {
+        Some(r) => tree.read_blob(&r)?,
+        None => value.to_vec(),
+    };
+    Ok((key[space.prefix().as_slice().len()..].to_vec(), value))
 }
 
 /// Keeps `key` as the last one yielded from one end, in the buffer kept from the last time.

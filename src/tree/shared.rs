@@ -63,7 +63,11 @@ impl Shared {
         dir: Option<DirLock>,
     ) -> Shared {
         Shared {
-            limits: config.limits(),
+            limits: if storage.blobs().enabled() {
+                config.limits()
+            } else {
+                config.limits().inline_only()
+            },
             // Without a store nothing is read from disk: the smallest filter does.
             doorkeeper: Doorkeeper::new(if storage.is_in_memory() {
                 0
@@ -308,7 +312,11 @@ impl Shared {
     ) -> Result<bool> {
         let mut matched = false;
         let appended = self.apply_with(key, true, |shared, page| {
-            let current = shared.value_in_leaf(page, key)?;
+            // Under the leaf's lock the reference is current: its extent cannot be freed.
+            let current = shared
+                .value_in_leaf(page, key)?
+                .map(|v| shared.user_value(v))
+                .transpose()?;
             matched = current.as_deref() == expected;
             // Removing an absent key matches and changes nothing.
             if !matched || (new.is_none() && current.is_none()) {
@@ -358,6 +366,12 @@ impl Shared {
             if leaf > 0 && lsn < floors[leaf - 1].1 {
                 return Ok(());
             }
+            // The extent of a replayed reference is in use (`blob.rs`).
+            if let WriteOp::Put(value) = op {
+                if let Some(r) = self.storage().blobs().decode(value) {
+                    self.storage().blobs().claim(&r)?;
+                }
+            }
             self.apply(key, op, false).map(|_| ())
         })?;
         self.counters.replayed(stats.applied);
@@ -367,6 +381,7 @@ impl Shared {
     /// Whether the log grew enough since the last checkpoint to warrant a new one.
     pub(crate) fn wants_checkpoint(&self) -> bool {
         self.journal.grew_past(self.config.checkpoint_log_bytes)
+            || self.storage.blobs().wants_checkpoint()
     }
 
     /// Makes every acknowledged write durable: a log sync when writes are logged, else a

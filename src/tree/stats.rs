@@ -75,6 +75,21 @@ pub struct Stats {
     pub log_syncs: u64,
     /// Log records replayed when the tree was opened.
     pub replayed: u64,
+    /// Values written out of line, to the blob file.
+    pub blobs_written: u64,
+    /// Bytes of those values.
+    pub blob_bytes_written: u64,
+    /// Values read from the blob file.
+    pub blobs_read: u64,
+    /// Bytes of those values.
+    pub blob_bytes_read: u64,
+    /// Blob-file extents in use: values stored out of line, and ones written whose
+    /// reference a checkpoint has not yet found unreferenced.
+    pub blob_extents: u64,
+    /// Bytes of the blob file those extents take (whole 4 KiB blocks).
+    pub blob_bytes_in_use: u64,
+    /// Bytes of the blob file free for reuse.
+    pub blob_bytes_free: u64,
 }
 
 /// Stripes of the per-operation counters.
@@ -149,6 +164,10 @@ pub(crate) struct Counters {
     replayed: AtomicU64,
     foreground_evictions: AtomicU64,
     batches: AtomicU64,
+    blobs_written: AtomicU64,
+    blob_bytes_written: AtomicU64,
+    blobs_read: AtomicU64,
+    blob_bytes_read: AtomicU64,
 }
 
 impl Counters {
@@ -191,6 +210,18 @@ impl Counters {
         self.replayed.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts a value of `len` bytes written to the blob file.
+    pub(crate) fn blob_written(&self, len: u64) {
+        self.blobs_written.fetch_add(1, Ordering::Relaxed);
+        self.blob_bytes_written.fetch_add(len, Ordering::Relaxed);
+    }
+
+    /// Counts a value of `len` bytes read from the blob file.
+    pub(crate) fn blob_read(&self, len: u64) {
+        self.blobs_read.fetch_add(1, Ordering::Relaxed);
+        self.blob_bytes_read.fetch_add(len, Ordering::Relaxed);
+    }
+
     /// Writes applied so far, over every thread.
     pub(crate) fn writes_buffered(&self) -> u64 {
         self.sum(|h| &h.writes_buffered)
@@ -217,6 +248,8 @@ impl Shared {
         let store = self.storage().stats();
         let log = self.journal().stats();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (blocks_used, blocks_free, extents) = self.storage().blobs().usage();
+        let block = crate::store::BLOB_BLOCK;
         Stats {
             cache_hits: c.sum(|h| &h.cache_hits),
             cache_misses: c.sum(|h| &h.cache_misses),
@@ -244,6 +277,13 @@ impl Shared {
             log_appends: log.appends,
             log_syncs: log.syncs,
             replayed: get(&c.replayed),
+            blobs_written: get(&c.blobs_written),
+            blob_bytes_written: get(&c.blob_bytes_written),
+            blobs_read: get(&c.blobs_read),
+            blob_bytes_read: get(&c.blob_bytes_read),
+            blob_extents: extents as u64,
+            blob_bytes_in_use: blocks_used * block,
+            blob_bytes_free: blocks_free * block,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use super::blob::Blobs;
 use super::pages::PageTracker;
 use crate::error::{Error, Result};
 use crate::node::{NodeKind, NodeMut, NodeRef};
@@ -17,15 +18,24 @@ pub(crate) struct Storage {
     /// The data file's path, named in errors.
     path: PathBuf,
     pages: PageTracker,
+    /// The blob file: values too long for a leaf record (`blob.rs`).
+    blobs: Blobs,
 }
 
 impl Storage {
-    /// Storage over `store`, named `path` in errors, whose pages `pages` describes.
-    pub(crate) fn new(store: Arc<dyn PageStore>, path: PathBuf, pages: PageTracker) -> Storage {
+    /// Storage over `store`, named `path` in errors, whose pages `pages` describes, with
+    /// large values in `blobs`.
+    pub(crate) fn new(
+        store: Arc<dyn PageStore>,
+        path: PathBuf,
+        pages: PageTracker,
+        blobs: Blobs,
+    ) -> Storage {
         Storage {
             store: Some(store),
             path,
             pages,
+            blobs,
         }
     }
 
@@ -35,6 +45,7 @@ impl Storage {
             store: None,
             path: PathBuf::from("<memory>"),
             pages: PageTracker::default(),
+            blobs: Blobs::none(),
         }
     }
 
@@ -54,6 +65,12 @@ impl Storage {
     #[inline]
     pub(crate) fn pages(&self) -> &PageTracker {
         &self.pages
+    }
+
+    /// The blob file.
+    #[inline]
+    pub(crate) fn blobs(&self) -> &Blobs {
+        &self.blobs
     }
 
     /// The store's counters (zero for in-memory trees).
