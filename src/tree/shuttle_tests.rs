@@ -187,13 +187,13 @@ fn scan_races_split_and_merge() {
             }
         }
     }
-    // The layout is deterministic: [.., a2 m0] [m1 m2] [z0 ..]; the removals empty the
-    // middle leaf.
+    // The layout is deterministic: a leaf of churn keys only before [z0 ..] (ascending
+    // inserts split packed: [a0 a1 a2] [m0 m1 m2] [z0 ..]); the removals empty it.
     let leaves = tree.shared().index().leaves();
     assert!(
         leaves
             .windows(2)
-            .any(|w| w[0].0 == [0, b'm', 1] && w[1].0 == [0, b'z']),
+            .any(|w| w[0].0.starts_with(&[0, b'm']) && w[1].0 == [0, b'z']),
         "setup did not give the last churn keys a leaf of their own: {leaves:?}"
     );
     let splits_before = tree.stats().splits;
