@@ -228,6 +228,9 @@ fn configure(g: &mut BenchmarkGroup<'_, WallTime>) {
 #[derive(Default)]
 struct Device {
     write_qd4: Option<f64>,
+    /// The queue-depth-4 pass with one fdatasync at its end: what reaches stable storage
+    /// (the unsynced passes also measure the virtual disk's write-back cache).
+    write_qd4_synced: Option<f64>,
     write_qd1: Option<f64>,
     read_qd4: Option<f64>,
     read_qd1: Option<f64>,
@@ -277,6 +280,7 @@ fn device(c: &mut Criterion, dir: &Path, scale: Scale) -> Device {
     let mut region = 0u64;
     for (name, write, threads) in [
         ("seq_write_qd4", true, DEPTH),
+        ("seq_write_qd4_synced", true, DEPTH),
         ("seq_write_qd1", true, 1),
         ("seq_read_qd4", false, DEPTH),
         ("seq_read_qd1", false, 1),
@@ -297,6 +301,9 @@ fn device(c: &mut Criterion, dir: &Path, scale: Scale) -> Device {
                         REQUEST,
                         &mut bufs[..threads],
                     );
+                    if name == "seq_write_qd4_synced" {
+                        file.sync_data().expect("fdatasync");
+                    }
                     total += start.elapsed();
                 }
                 samples.push((iters, total));
@@ -306,6 +313,7 @@ fn device(c: &mut Criterion, dir: &Path, scale: Scale) -> Device {
         let rate = median(&samples, scale.per_iter);
         match name {
             "seq_write_qd4" => out.write_qd4 = rate,
+            "seq_write_qd4_synced" => out.write_qd4_synced = rate,
             "seq_write_qd1" => out.write_qd1 = rate,
             "seq_read_qd4" => out.read_qd4 = rate,
             _ => out.read_qd1 = rate,
@@ -530,22 +538,51 @@ fn blobs(c: &mut Criterion) {
     let read = best(device.read_qd4, device.read_qd1);
     eprintln!("\nblobs against the device (MiB/s, medians of the criterion samples):");
     eprintln!(
-        "device seq write: qd4 {}, qd1 {} -> {}; seq read: qd4 {}, qd1 {} -> {}",
+        "device seq write: qd4 {}, qd1 {} -> {}; qd4 with one fdatasync per {} MiB: {}; \
+         seq read: qd4 {}, qd1 {} -> {}",
         show(device.write_qd4),
         show(device.write_qd1),
         show(write),
+        scale.per_iter / MIB,
+        show(device.write_qd4_synced),
         show(device.read_qd4),
         show(device.read_qd1),
         show(read),
     );
+    let ratio = |rate: f64, dev: Option<f64>| {
+        dev.map_or_else(|| "-".into(), |d| format!("{:.2}", rate / d))
+    };
     for (label, is_write, rate) in results {
-        let dev = if is_write { write } else { read };
-        match (rate, dev) {
-            (Some(rate), Some(dev)) => eprintln!(
-                "{label}: {rate:.0} MiB/s = {:.2} of device {dev:.0} MiB/s",
-                rate / dev
-            ),
-            _ => eprintln!("{label}: {} MiB/s (device {} MiB/s)", show(rate), show(dev)),
+        let Some(rate) = rate else {
+            eprintln!("{label}: -");
+            continue;
+        };
+        if is_write {
+            // Against the unsynced rate (partly the disk's cache) and the synced one (what
+            // a durable write can reach); Sync writes also against an fdatasync per value.
+            let per_value = device
+                .synced_write
+                .iter()
+                .find(|(v, _)| label.contains(&format!(" {} MiB ", v / MIB)))
+                .map(|&(_, r)| r)
+                .filter(|_| label.ends_with("Sync"));
+            eprintln!(
+                "{label}: {rate:.0} MiB/s = {} of device {}, {} of device synced {}{}",
+                ratio(rate, write),
+                show(write),
+                ratio(rate, device.write_qd4_synced),
+                show(device.write_qd4_synced),
+                per_value.map_or_else(String::new, |p| format!(
+                    ", {} of device with an fdatasync per value {p:.0}",
+                    ratio(rate, Some(p))
+                )),
+            );
+        } else {
+            eprintln!(
+                "{label}: {rate:.0} MiB/s = {} of device {}",
+                ratio(rate, read),
+                show(read)
+            );
         }
     }
     eprintln!(

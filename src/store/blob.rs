@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::PageBuf;
+use super::{checksum, PageBuf};
 use crate::error::{Error, Result};
 
 /// Bytes per block of the blob file (`O_DIRECT` alignment on every common device).
@@ -69,6 +69,9 @@ pub(crate) struct BlobFile {
     /// Whether the page cache is bypassed (`O_DIRECT` / `F_NOCACHE`); every request is
     /// aligned either way, so this only says how fast, never whether, I/O works.
     direct: bool,
+    /// Aligned buffers of [`CHUNK_MAX`] bytes kept between calls (at most [`WORKERS`]): a
+    /// fresh one per call cost a page fault and a zeroing per 4 KiB moved.
+    spare: std::sync::Mutex<Vec<PageBuf>>,
 }
 
 impl BlobFile {
@@ -91,6 +94,7 @@ impl BlobFile {
             file,
             path: path.to_path_buf(),
             direct,
+            spare: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -123,9 +127,9 @@ impl BlobFile {
     /// # Errors
     /// `Io` if a write fails (some chunks may have been written); `Corruption` if the
     /// extent lies beyond any file offset.
-    pub(crate) fn write(&self, block: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, block: u64, data: &[u8]) -> Result<u32> {
         if data.is_empty() {
-            return Ok(());
+            return Ok(checksum::crc32c(data));
         }
         let base = block
             .checked_mul(BLOB_BLOCK)
@@ -141,13 +145,16 @@ impl BlobFile {
             .enumerate()
             .map(|(i, piece)| (base + (i * chunk) as u64, piece))
             .collect();
-        run(&self.path, pieces, chunk, |buf, (at, piece)| {
+        let crcs = self.run(pieces, |buf, (at, piece)| {
             let n = round_up(piece.len());
             buf[..piece.len()].copy_from_slice(piece);
             // The buffer is reused from an earlier, longer chunk: clear the padding.
             buf[piece.len()..n].fill(0);
-            crate::sys::write_all_at(&self.file, &buf[..n], at).map_err(|e| self.io(e))
-        })
+            crate::sys::write_all_at(&self.file, &buf[..n], at).map_err(|e| self.io(e))?;
+            // Checksummed here, by the threads, while the bytes are in cache.
+            Ok((piece.len(), checksum::crc32c(&buf[..piece.len()])))
+        })?;
+        Ok(combine(&crcs))
     }
 
     /// Reads `buf.len()` bytes from byte `offset` of the extent that starts at block
@@ -158,9 +165,9 @@ impl BlobFile {
     /// # Errors
     /// `Corruption` (at page `block`) if any requested byte lies beyond the end of the file
     /// (a reference to a value the file does not hold); `Io` if a read fails.
-    pub(crate) fn read(&self, block: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read(&self, block: u64, offset: u64, buf: &mut [u8]) -> Result<u32> {
         if buf.is_empty() {
-            return Ok(());
+            return Ok(checksum::crc32c(buf));
         }
         let beyond = || Error::corruption(&self.path, Some(block), BEYOND_ANY_OFFSET);
         let start = block
@@ -187,15 +194,16 @@ impl BlobFile {
                     .map(|(i, piece)| (aligned + ((i + 1) * chunk) as u64, 0, piece)),
             )
             .collect();
-        run(&self.path, pieces, chunk, |cbuf, (at, skip, piece)| {
+        let crcs = self.run(pieces, |cbuf, (at, skip, piece)| {
             let want = skip + piece.len();
             let got = self.read_upto(&mut cbuf[..round_up(want)], at)?;
             if got < want {
                 return Err(Error::corruption(&self.path, Some(block), BEYOND_EOF));
             }
             piece.copy_from_slice(&cbuf[skip..want]);
-            Ok(())
-        })
+            Ok((piece.len(), checksum::crc32c(&cbuf[skip..want])))
+        })?;
+        Ok(combine(&crcs))
     }
 
     /// Reads into `buf` (aligned, a block multiple) from byte `at` until it is full or the
@@ -263,52 +271,100 @@ impl BlobFile {
     }
 }
 
-/// Runs `work` on every item with a buffer of `buf_len` (aligned) bytes per thread: on the
-/// calling thread alone for one item, else shared round-robin among up to [`WORKERS`]
-/// scoped threads, each with its own buffer (the calling thread among them). Chunks are
-/// equal, so a fixed share per thread balances as well as a queue would, with nothing
-/// shared between the threads. Returns the first error (by thread); the other threads
-/// finish their shares regardless, which only costs time on an already failing request.
-/// A thread that cannot be started (resources exhausted) is an `Io` error on `path`.
-fn run<T: Send>(
-    path: &Path,
-    items: Vec<T>,
-    buf_len: usize,
-    work: impl Fn(&mut PageBuf, T) -> Result<()> + Sync,
-) -> Result<()> {
-    let workers = items.len().min(WORKERS);
-    let work = &work;
-    let share = move |items: Vec<T>| -> Result<()> {
-        let mut buf = PageBuf::new(buf_len);
-        items.into_iter().try_for_each(|item| work(&mut buf, item))
-    };
-    if workers <= 1 {
-        return share(items);
-    }
-    let mut shares: Vec<Vec<T>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, item) in items.into_iter().enumerate() {
-        shares[i % workers].push(item);
-    }
-    let mut shares = shares.into_iter();
-    let mine = shares.next().unwrap_or_default();
-    std::thread::scope(|s| {
-        let mut result = Ok(());
-        let mut handles = Vec::new();
-        for items in shares {
-            match std::thread::Builder::new().spawn_scoped(s, move || share(items)) {
-                Ok(h) => handles.push(h),
-                Err(e) => result = result.and(Err(Error::io(path, e))),
-            }
-        }
-        result = result.and(share(mine));
-        for h in handles {
-            let r = h
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            result = result.and(r);
-        }
-        result
+/// The CRC-32C of consecutive pieces, given each piece's length and CRC.
+fn combine(crcs: &[(usize, u32)]) -> u32 {
+    let mut pieces = crcs.iter();
+    let first = pieces.next().map_or(0, |&(_, crc)| crc);
+    pieces.fold(first, |crc, &(len, next)| {
+        checksum::crc32c_combine(crc, next, len)
     })
+}
+
+impl BlobFile {
+    /// An aligned buffer of [`CHUNK_MAX`] bytes (every chunk fits), from the spares if any.
+    fn take_buf(&self) -> PageBuf {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        spare.unwrap_or_else(|| PageBuf::new(CHUNK_MAX + BLOCK))
+    }
+
+    /// Keeps `buf` for the next call, up to [`WORKERS`] buffers.
+    fn give_buf(&self, buf: PageBuf) {
+        let mut spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if spare.len() < WORKERS {
+            spare.push(buf);
+        }
+    }
+
+    /// Runs `work` on every item with an aligned buffer per thread: on the calling thread
+    /// alone for one item, else shared round-robin among up to [`WORKERS`] scoped threads,
+    /// each with its own buffer (the calling thread among them). Chunks are equal, so a
+    /// fixed share per thread balances as well as a queue would, with nothing shared
+    /// between the threads. Returns the items' results in item order, or the first error
+    /// (by thread); the other threads finish their shares regardless, which only costs time
+    /// on an already failing request. A thread that cannot be started (resources
+    /// exhausted) is an `Io` error.
+    fn run<T: Send, R: Send>(
+        &self,
+        items: Vec<T>,
+        work: impl Fn(&mut [u8], T) -> Result<R> + Sync,
+    ) -> Result<Vec<R>> {
+        let workers = items.len().min(WORKERS);
+        let work = &work;
+        let share = move |items: Vec<(usize, T)>| -> Result<Vec<(usize, R)>> {
+            let mut buf = self.take_buf();
+            let done = items
+                .into_iter()
+                .map(|(i, item)| work(&mut buf, item).map(|r| (i, r)))
+                .collect();
+            self.give_buf(buf);
+            done
+        };
+        let numbered = items.into_iter().enumerate();
+        if workers <= 1 {
+            return Ok(share(numbered.collect())?
+                .into_iter()
+                .map(|(_, r)| r)
+                .collect());
+        }
+        let mut shares: Vec<Vec<(usize, T)>> = (0..workers).map(|_| Vec::new()).collect();
+        for (i, item) in numbered {
+            shares[i % workers].push((i, item));
+        }
+        let mut shares = shares.into_iter();
+        let mine = shares.next().unwrap_or_default();
+        let mut done = std::thread::scope(|s| {
+            let mut result = Ok(Vec::new());
+            let mut handles = Vec::new();
+            for items in shares {
+                match std::thread::Builder::new().spawn_scoped(s, move || share(items)) {
+                    Ok(h) => handles.push(h),
+                    Err(e) => result = Err(self.io(e)),
+                }
+            }
+            let gather = |result: Result<Vec<(usize, R)>>, r: Result<Vec<(usize, R)>>| {
+                let mut all = result?;
+                all.extend(r?);
+                Ok(all)
+            };
+            result = gather(result, share(mine));
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                result = gather(result, r);
+            }
+            result
+        })?;
+        done.sort_unstable_by_key(|&(i, _)| i);
+        Ok(done.into_iter().map(|(_, r)| r).collect())
+    }
 }
 
 /// Which blocks of the blob file are in use: free runs coalesced, allocation best-fit,

@@ -33,6 +33,12 @@ pub(crate) fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, data)
 }
 
+/// The CRC-32C of `a ++ b`, given `crc32c(a)`, `crc32c(b)` and `b`'s length: pieces
+/// checksummed apart (by several threads) combine into the checksum of the whole.
+pub(crate) fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    crc32c::crc32c_combine(crc_a, crc_b, len_b)
+}
+
 /// The loop over the `crc32` instruction: 8 bytes at a time, then 4, then single bytes.
 /// Pre- and post-inversion as in the standard CRC-32C, so it agrees with the crate.
 ///

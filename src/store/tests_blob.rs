@@ -23,7 +23,11 @@ fn blob_file() -> (tempfile::TempDir, BlobFile) {
 }
 
 /// Asserts `result` is the corruption a read beyond the end of the file must give.
-fn assert_beyond_eof(blob: &BlobFile, block: u64, result: crate::error::Result<()>) {
+fn assert_beyond_eof<T: std::fmt::Debug>(
+    blob: &BlobFile,
+    block: u64,
+    result: crate::error::Result<T>,
+) {
     match result {
         Err(Error::Corruption {
             file,
@@ -109,10 +113,17 @@ fn round_trips_at_every_size() {
         let data = random_bytes(&mut rng, len);
         // One spare block between values, so padding that spilled over would show.
         let block = extents.allocate(blocks_for(len as u64) + 1);
-        blob.write(block, &data).unwrap();
+        let crc = blob.write(block, &data).unwrap();
         let mut back = vec![0xAAu8; len];
-        blob.read(block, 0, &mut back).unwrap();
+        let read_crc = blob.read(block, 0, &mut back).unwrap();
         assert!(back == data, "round trip of {len} bytes at block {block}");
+        // Checksummed in pieces by the threads, combined: the checksum of the whole.
+        assert_eq!(
+            crc,
+            crate::store::checksum::crc32c(&data),
+            "{len} bytes written"
+        );
+        assert_eq!(read_crc, crc, "{len} bytes read");
         written.push((block, data));
     }
     blob.sync().unwrap();
