@@ -208,3 +208,59 @@ fn a_full_disk_under_the_data_file_fails_the_write_whole_under_sync() {
 fn a_full_disk_under_the_data_file_fails_the_write_whole_under_none() {
     data_full(Durability::None);
 }
+
+/// Values stored out of line when the disk is full: the write that finds no room for its
+/// extent fails with `Err(Io)` before anything is applied or logged, so the key keeps its
+/// old value and the tree is not failed for good: once room is freed large and small
+/// writes work again, and a reopen finds every acknowledged value.
+#[test]
+fn a_full_disk_under_the_blob_file_fails_the_large_write_alone() {
+    let Some(disk) = SmallDisk::mount(48 << 20) else {
+        return;
+    };
+    let config = config(&disk, Durability::Sync, 4 << 20, 1 << 20);
+    let big = |i: u32| {
+        let mut v = vec![(i % 251) as u8; 1 << 20];
+        v[..4].copy_from_slice(&i.to_be_bytes());
+        v
+    };
+    let tree = Tree::open(config.clone()).expect("open");
+    tree.insert(b"doc", big(0)).expect("first large value");
+    let filler = disk.fill();
+    let mut failed = None;
+    for i in 1..64u32 {
+        match tree.insert(format!("doc-{i}"), big(i)) {
+            Ok(()) => {}
+            Err(Error::Io { .. }) => {
+                failed = Some(i);
+                break;
+            }
+            Err(e) => panic!("large insert {i}: {e}"),
+        }
+    }
+    let failed = failed.expect("a full disk took 64 MiB of values");
+    assert_eq!(tree.get(format!("doc-{failed}")).expect("get"), None);
+    assert_eq!(tree.get(b"doc").expect("get"), Some(big(0)));
+    // An overwrite that cannot store its value leaves the old one.
+    assert!(matches!(
+        tree.insert(b"doc", big(99)),
+        Err(Error::Io { .. })
+    ));
+    assert_eq!(tree.get(b"doc").expect("get"), Some(big(0)));
+    fs::remove_file(filler).expect("free room");
+    tree.insert(b"doc", big(100))
+        .expect("a large write once room is back");
+    tree.insert(b"small", b"fine").expect("a small write");
+    tree.close().expect("close");
+    let tree = Tree::open(config).expect("reopen");
+    assert_eq!(tree.get(b"doc").expect("get"), Some(big(100)));
+    for i in 1..failed {
+        assert_eq!(
+            tree.get(format!("doc-{i}")).expect("get"),
+            Some(big(i)),
+            "acknowledged doc-{i}"
+        );
+    }
+    assert_eq!(tree.get(format!("doc-{failed}")).expect("get"), None);
+    tree.close().expect("close");
+}
