@@ -419,8 +419,9 @@ impl Extents {
     /// end, which grows. Returns the start.
     ///
     /// # Panics
-    /// If `blocks` is 0 (a caller bug: an empty value needs no extent), or if the end
-    /// would pass `u64::MAX`.
+    /// If `blocks` is 0 (a caller bug: an empty value needs no extent). The end cannot
+    /// overflow: claimed runs end within [`MAX_BLOCKS`] (`run_end`), and an allocation is
+    /// far smaller than the room above it.
     pub(crate) fn allocate(&mut self, blocks: u64) -> u64 {
         assert!(blocks > 0, "allocating an empty blob run");
         if let Some(&(len, start)) = self.by_len.range((blocks, 0)..).next() {
@@ -432,7 +433,7 @@ impl Extents {
             return start;
         }
         let start = self.end;
-        self.end = start.checked_add(blocks).expect("blob file end overflow");
+        self.end = start + blocks;
         self.used += blocks;
         start
     }
@@ -569,12 +570,17 @@ impl Extents {
 /// Why a claim is refused: some block of the run is in use.
 const IN_USE: &str = "blob run already in use";
 
-/// One past the run `start..start + blocks`, or why there is no such run.
+/// Blocks a file offset (`off_t`) can address: no run ends past this.
+const MAX_BLOCKS: u64 = (i64::MAX as u64) / BLOB_BLOCK;
+
+/// One past the run `start..start + blocks`, or why there is no such run. Runs end within
+/// [`MAX_BLOCKS`], so the end of the file (at most that) plus any allocation fits a `u64`.
 fn run_end(start: u64, blocks: u64) -> Result<u64, &'static str> {
     if blocks == 0 {
         return Err("zero-length blob run");
     }
     start
         .checked_add(blocks)
+        .filter(|&stop| stop <= MAX_BLOCKS)
         .ok_or("blob run beyond any block number")
 }

@@ -527,7 +527,7 @@ impl Shared {
             }
         }
         let (low, high) = path.bounds();
-        let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref());
+        let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref(), false);
         if groups.len() == 1 {
             let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
                 return Ok(Step::Restart(Restart::NeedSpace));
@@ -558,7 +558,7 @@ impl Shared {
                 Err(i) => union.insert(i, r),
             }
         }
-        let mut cuts = self.leaf_groups(&union, low.as_deref(), high.as_deref());
+        let mut cuts = self.leaf_groups(&union, low.as_deref(), high.as_deref(), false);
         if cuts.len() == 1 {
             // Cannot happen (the union is no smaller than the records after the batch); cut
             // where those were cut rather than rebuild the leaf unsplit forever.

@@ -212,11 +212,8 @@ impl Shared {
             }
         }
 
-        let groups = if node.kind() == NodeKind::Mini && appended_past_end(node, &records) {
-            self.leaf_groups_packed(&records, low.as_deref(), high.as_deref())
-        } else {
-            self.leaf_groups(&records, low.as_deref(), high.as_deref())
-        };
+        let packed = node.kind() == NodeKind::Mini && appended_past_end(node, &records);
+        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref(), packed);
         if groups.len() > 1 {
             let local;
             let smo = match smo {

@@ -30,7 +30,7 @@ impl Shared {
         let dirty = mini.dirty_count() > 0;
         self.counters().count(Event::Merge);
         let (low, high) = path.bounds();
-        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref());
+        let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref(), false);
         if groups.len() > 1 {
             // The merged records need several leaves. After the split the pending write may
             // belong to a new sibling, so the operation restarts from the root.
@@ -136,34 +136,27 @@ impl Shared {
         // `key` was written past every other record: an ascending insert, whose leaf is cut
         // where it is full rather than in half.
         let appended = records.last().is_some_and(|r| r.key.as_slice() == key);
-        let groups = if appended {
-            self.leaf_groups_packed(records, low.as_deref(), high.as_deref())
-        } else {
-            self.leaf_groups(records, low.as_deref(), high.as_deref())
-        };
+        let groups = self.leaf_groups(records, low.as_deref(), high.as_deref(), appended);
         self.split_into(path, page, key, records, &groups, disk)
     }
 
     /// `records` cut into groups that each fit one leaf page between the fences `low` and
     /// `high`, with each group's low key (the first group's is the leaf's own low bound).
+    /// `packed`: each group but the last as full as it can be (`node::split_records_packed`),
+    /// for records appended past a leaf's end; else balanced by bytes.
     pub(super) fn leaf_groups(
         &self,
         records: &[Record],
         low: Option<&[u8]>,
         high: Option<&[u8]>,
+        packed: bool,
     ) -> Vec<(std::ops::Range<usize>, Option<Vec<u8>>)> {
-        node::split_records(records, self.page_size(), NodeKind::Leaf, low, high)
-    }
-
-    /// As [`Shared::leaf_groups`], each group but the last as full as it can be
-    /// (`node::split_records_packed`): for records appended past a leaf's end.
-    pub(super) fn leaf_groups_packed(
-        &self,
-        records: &[Record],
-        low: Option<&[u8]>,
-        high: Option<&[u8]>,
-    ) -> Vec<(std::ops::Range<usize>, Option<Vec<u8>>)> {
-        node::split_records_packed(records, self.page_size(), NodeKind::Leaf, low, high)
+        let cut = if packed {
+            node::split_records_packed
+        } else {
+            node::split_records
+        };
+        cut(records, self.page_size(), NodeKind::Leaf, low, high)
     }
 
     /// Installs `records`, cut into `groups`, as this leaf (the first group) and new leaves

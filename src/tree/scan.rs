@@ -476,7 +476,7 @@ impl Shared {
         };
         let (low, high) = path.bounds();
         if self
-            .leaf_groups(&records, low.as_deref(), high.as_deref())
+            .leaf_groups(&records, low.as_deref(), high.as_deref(), false)
             .len()
             != 1
         {
