@@ -342,8 +342,7 @@ impl Blobs {
         };
         let len = usize::try_from(r.len)
             .map_err(|_| Error::corruption(file.path(), Some(r.start), "blob length too large"))?;
-        let mut value = vec![0u8; len];
-        let crc = file.read(r.start, 0, &mut value)?;
+        let (value, crc) = file.read_vec(r.start, len)?;
         if BlobRef::checksum_of(r.start, crc, len) != r.crc {
             return Err(Error::corruption(
                 file.path(),
