@@ -1,18 +1,22 @@
 //! Large values against the device: write and read throughput of 1 MiB and 16 MiB values
 //! stored out of line (the blob file), as a fraction of the device's sequential bandwidth
-//! measured in the same run, on a file in the same directory.
+//! measured in the same run, on files in the same directory.
 //!
-//! - `device/seq_{write,read}_qd4`: a preallocated (fully written) 1 GiB file, `O_DIRECT`,
-//!   256 MiB per iteration in 1 MiB aligned requests, 4 threads each moving its own
-//!   interleaved requests (queue depth 4); `_qd1`: one thread, one request after another.
-//!   Iterations move through the file region by region. The better of the two is the
-//!   device's bandwidth for that direction.
+//! - `device/seq_write_qd4`: a preallocated (fully written) 1 GiB file, `O_DIRECT`, 256 MiB
+//!   per iteration in 1 MiB aligned requests, 4 threads each moving its own interleaved
+//!   requests (queue depth 4); `_qd1`: one thread, one request after another; `_synced`:
+//!   qd4 with an `fdatasync` at the end. Iterations move through the file region by region.
+//!   The better of qd4 and qd1 is the device's write bandwidth.
 //! - `blobs/write_{1,16}MiB_{none,sync}`: `insert` of 256 values of 1 MiB / 16 values of
 //!   16 MiB (256 MiB per iteration, the same keys overwritten each iteration) under
 //!   `Durability::None` and `Durability::Sync`, one thread.
 //! - `blobs/read_{1,16}MiB`: `get` of those values (the `None` trees), after `close` and
 //!   reopen; the blob file is `O_DIRECT`, and its cached pages (there should be none) are
-//!   dropped before every iteration too, so the page cache never serves them.
+//!   dropped before every pass too, so the page cache never serves them. Each iteration
+//!   first reads the blob file itself raw (`O_DIRECT`, as many bytes as the gets read, in
+//!   1 MiB requests at queue depth 4, then 1): the device's read bandwidth on the same file
+//!   under the same conditions. A separate file read raw was no fair yardstick: the host's
+//!   caches below the virtual disk served a recently written one at up to twice the rate.
 //!
 //! Then a table goes to stderr: each bfkv case's MiB/s (median over the criterion samples)
 //! and its ratio to the device's bandwidth in the same direction (the project's goal is at
@@ -208,13 +212,7 @@ fn median(samples: &[(u64, Duration)], bytes: usize) -> Option<f64> {
         .iter()
         .map(|&(iters, time)| mib_s(bytes * iters as usize, time.as_secs_f64()))
         .collect();
-    rates.sort_by(f64::total_cmp);
-    let n = rates.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(rates[n / 2]),
-        _ => Some(f64::midpoint(rates[n / 2 - 1], rates[n / 2])),
-    }
+    middle(&mut rates)
 }
 
 fn configure(g: &mut BenchmarkGroup<'_, WallTime>) {
@@ -232,8 +230,6 @@ struct Device {
     /// (the unsynced passes also measure the virtual disk's write-back cache).
     write_qd4_synced: Option<f64>,
     write_qd1: Option<f64>,
-    read_qd4: Option<f64>,
-    read_qd1: Option<f64>,
     extending_write_qd4: f64,
     /// (value bytes, MiB/s) of writes with an fdatasync after each value's bytes.
     synced_write: Vec<(usize, f64)>,
@@ -282,8 +278,6 @@ fn device(c: &mut Criterion, dir: &Path, scale: Scale) -> Device {
         ("seq_write_qd4", true, DEPTH),
         ("seq_write_qd4_synced", true, DEPTH),
         ("seq_write_qd1", true, 1),
-        ("seq_read_qd4", false, DEPTH),
-        ("seq_read_qd1", false, 1),
     ] {
         let mut samples = Vec::new();
         g.bench_function(name, |b| {
@@ -314,9 +308,7 @@ fn device(c: &mut Criterion, dir: &Path, scale: Scale) -> Device {
         match name {
             "seq_write_qd4" => out.write_qd4 = rate,
             "seq_write_qd4_synced" => out.write_qd4_synced = rate,
-            "seq_write_qd1" => out.write_qd1 = rate,
-            "seq_read_qd4" => out.read_qd4 = rate,
-            _ => out.read_qd1 = rate,
+            _ => out.write_qd1 = rate,
         }
     }
     g.finish();
@@ -410,8 +402,9 @@ fn drop_cached(path: &Path) {
     assert_eq!(r, 0, "posix_fadvise");
 }
 
-/// Label, then MiB/s, of each bfkv case.
-type Results = Vec<(&'static str, bool, Option<f64>)>;
+/// Label, whether a write, MiB/s of each bfkv case, and for reads the MiB/s of the same
+/// blob file read raw in the same iterations (qd4, qd1).
+type Results = Vec<(&'static str, bool, Option<f64>, Option<(f64, f64)>)>;
 
 fn write_case(
     g: &mut BenchmarkGroup<'_, WallTime>,
@@ -448,10 +441,13 @@ fn read_case(
     name: &str,
     store: &mut Store,
     values: &mut Values,
-) -> Option<f64> {
+) -> (Option<f64>, Option<(f64, f64)>) {
     let mut samples = Vec::new();
+    let (mut raw_qd4, mut raw_qd1) = (Vec::new(), Vec::new());
+    let mut bufs: Vec<Aligned> = (0..DEPTH).map(|_| Aligned::new(REQUEST)).collect();
     let mut ready = false;
-    g.throughput(Throughput::Bytes((values.keys * values.size) as u64));
+    let bytes = values.keys * values.size;
+    g.throughput(Throughput::Bytes(bytes as u64));
     g.bench_function(name, |b| {
         b.iter_custom(|iters| {
             if !ready {
@@ -466,8 +462,17 @@ fn read_case(
             let (round, keys, size) = (store.round, values.keys, values.size);
             let blobs = store.dir.join("blobs");
             let tree = store.tree();
+            let raw = open_direct(&blobs, false);
             let mut total = Duration::ZERO;
             for _ in 0..iters {
+                // The device, on the very bytes the gets read, in the same iteration: the
+                // host's caches below the virtual disk then favour neither side.
+                for (threads, rates) in [(DEPTH, &mut raw_qd4), (1, &mut raw_qd1)] {
+                    drop_cached(&blobs);
+                    let start = Instant::now();
+                    device_pass(&raw, false, 0, bytes, REQUEST, &mut bufs[..threads]);
+                    rates.push(mib_s(bytes, start.elapsed().as_secs_f64()));
+                }
                 drop_cached(&blobs);
                 let start = Instant::now();
                 for k in 0..keys {
@@ -492,7 +497,22 @@ fn read_case(
         );
     }
     store.close();
-    median(&samples, values.keys * values.size)
+    let raw = match (middle(&mut raw_qd4), middle(&mut raw_qd1)) {
+        (Some(qd4), Some(qd1)) => Some((qd4, qd1)),
+        _ => None,
+    };
+    (median(&samples, bytes), raw)
+}
+
+/// The median of `rates` (sorted in place), `None` if empty.
+fn middle(rates: &mut [f64]) -> Option<f64> {
+    rates.sort_by(f64::total_cmp);
+    let n = rates.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(rates[n / 2]),
+        _ => Some(f64::midpoint(rates[n / 2 - 1], rates[n / 2])),
+    }
 }
 
 fn tree_cases(c: &mut Criterion, dir: &Path, scale: Scale) -> Results {
@@ -509,21 +529,21 @@ fn tree_cases(c: &mut Criterion, dir: &Path, scale: Scale) -> Results {
     configure(&mut g);
     let mut out = Results::new();
     let w = write_case(&mut g, "write_1MiB_none", none_1, &mut small);
-    out.push(("write 1 MiB None", true, w));
+    out.push(("write 1 MiB None", true, w, None));
     let w = write_case(&mut g, "write_1MiB_sync", sync_1, &mut small);
-    out.push(("write 1 MiB Sync", true, w));
+    out.push(("write 1 MiB Sync", true, w, None));
     let w = write_case(&mut g, "write_16MiB_none", none_16, &mut large);
-    out.push(("write 16 MiB None", true, w));
+    out.push(("write 16 MiB None", true, w, None));
     let w = write_case(&mut g, "write_16MiB_sync", sync_16, &mut large);
-    out.push(("write 16 MiB Sync", true, w));
+    out.push(("write 16 MiB Sync", true, w, None));
     // The reads are of the `None` trees; the `Sync` ones are not needed again.
     for store in [&mut *sync_1, &mut *sync_16] {
         std::fs::remove_dir_all(&store.dir).expect("remove a tree");
     }
-    let r = read_case(&mut g, "read_1MiB", none_1, &mut small);
-    out.push(("read 1 MiB", false, r));
-    let r = read_case(&mut g, "read_16MiB", none_16, &mut large);
-    out.push(("read 16 MiB", false, r));
+    let (r, raw) = read_case(&mut g, "read_1MiB", none_1, &mut small);
+    out.push(("read 1 MiB", false, r, raw));
+    let (r, raw) = read_case(&mut g, "read_16MiB", none_16, &mut large);
+    out.push(("read 16 MiB", false, r, raw));
     g.finish();
     out
 }
@@ -535,24 +555,19 @@ fn blobs(c: &mut Criterion) {
     let results = tree_cases(c, dir.path(), scale);
     let show = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.0}"));
     let write = best(device.write_qd4, device.write_qd1);
-    let read = best(device.read_qd4, device.read_qd1);
     eprintln!("\nblobs against the device (MiB/s, medians of the criterion samples):");
     eprintln!(
-        "device seq write: qd4 {}, qd1 {} -> {}; qd4 with one fdatasync per {} MiB: {}; \
-         seq read: qd4 {}, qd1 {} -> {}",
+        "device seq write: qd4 {}, qd1 {} -> {}; qd4 with one fdatasync per {} MiB: {}",
         show(device.write_qd4),
         show(device.write_qd1),
         show(write),
         scale.per_iter / MIB,
         show(device.write_qd4_synced),
-        show(device.read_qd4),
-        show(device.read_qd1),
-        show(read),
     );
     let ratio = |rate: f64, dev: Option<f64>| {
         dev.map_or_else(|| "-".into(), |d| format!("{:.2}", rate / d))
     };
-    for (label, is_write, rate) in results {
+    for (label, is_write, rate, raw) in results {
         let Some(rate) = rate else {
             eprintln!("{label}: -");
             continue;
@@ -578,10 +593,15 @@ fn blobs(c: &mut Criterion) {
                 )),
             );
         } else {
+            // Against the same blob file read raw in the same iterations (the better of
+            // queue depth 4 and 1).
+            let device = raw.map(|(qd4, qd1)| qd4.max(qd1));
             eprintln!(
-                "{label}: {rate:.0} MiB/s = {} of device {}",
-                ratio(rate, read),
-                show(read)
+                "{label}: {rate:.0} MiB/s = {} of the blob file read raw {} (qd4 {}, qd1 {})",
+                ratio(rate, device),
+                show(device),
+                show(raw.map(|r| r.0)),
+                show(raw.map(|r| r.1)),
             );
         }
     }
