@@ -31,12 +31,14 @@ const PARALLEL_MIN: usize = 512 << 10;
 /// and thread hand-offs than the overlap gains.
 const CHUNK_MIN: usize = 128 << 10;
 
-/// Reads are cut later and coarser than writes. On the virtual disk here a 1 MiB value
-/// read as four 256 KiB requests in parallel came in at two thirds of the rate of one
-/// 1 MiB request (a read is done when its slowest piece is, and the pieces compete), while
-/// two 512 KiB pieces matched or beat the single request; large values gained nothing from
-/// pieces smaller than that either.
-const READ_PARALLEL_MIN: usize = 1 << 20;
+/// Reads are cut later and coarser than writes: a read up to one buffer's length
+/// ([`CHUNK_MAX`]) is one request on the calling thread. On the virtual disk here a 1 MiB
+/// value read as four 256 KiB requests in parallel came in at two thirds of the rate of one
+/// 1 MiB request (a read is done when its slowest piece is, and the pieces compete), two
+/// 512 KiB pieces were no faster than one request, and with both cores busy elsewhere
+/// any split halved the rate (every piece on another thread waits to be scheduled, twice),
+/// while the single request kept its pace.
+const READ_PARALLEL_MIN: usize = CHUNK_MAX + 1;
 
 /// The smallest chunk of a parallel read (see [`READ_PARALLEL_MIN`]).
 const READ_CHUNK_MIN: usize = 512 << 10;
