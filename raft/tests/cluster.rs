@@ -85,10 +85,17 @@ async fn wait_leader(router: &Router, among: &[NodeId]) -> NodeId {
         .unwrap_or_else(|_| panic!("nodes {among:?} agreed on no leader within {WAIT:?}"))
 }
 
-/// Waits until each node of `ids` has applied everything `leader` has applied.
+/// Waits until each node of `ids` has applied every write `leader` acknowledged.
 async fn wait_caught_up(router: &Router, ids: &[NodeId], leader: NodeId) {
-    let applied = node(router, leader).metrics().borrow().last_applied;
-    let index = applied.map(|log_id| log_id.index);
+    // Every acknowledged write is committed at or below the log id a linearizable read on
+    // the leader confirms now. The leader's `last_applied` metric is no such bound: under
+    // load it was seen behind the last acknowledged write, and a follower killed after
+    // catching up to it lacked that write.
+    let read = timeout(WAIT, node(router, leader).raft().ensure_linearizable()).await;
+    let read = read
+        .unwrap_or_else(|_| panic!("leader {leader}: no read log id within {WAIT:?}"))
+        .unwrap_or_else(|e| panic!("leader {leader}: {e}"));
+    let index = read.map(|log_id| log_id.index);
     for &id in ids {
         let waited = node(router, id)
             .raft()
