@@ -124,6 +124,30 @@ impl Tree {
         self.shared.get_in(self.default_space(), key.as_ref())
     }
 
+    /// Copies the value stored under `key` into `value` (cleared first) and says whether
+    /// there was one: [`get`](Tree::get) without allocating. A value in the cache is copied
+    /// straight from its node while the leaf is locked, so once `value` has room for it a
+    /// lookup answered from memory allocates nothing; reuse one buffer across lookups. On
+    /// `Ok(false)` and on an error `value` is left empty.
+    ///
+    /// # Errors
+    /// As [`get`](Tree::get).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// let mut value = Vec::with_capacity(64);
+    /// assert!(tree.get_into(b"a", &mut value)?);
+    /// assert_eq!(value, b"1");
+    /// assert!(!tree.get_into(b"b", &mut value)?);
+    /// assert!(value.is_empty());
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get_into(&self, key: impl AsRef<[u8]>, value: &mut Vec<u8>) -> Result<bool> {
+        self.shared
+            .get_into_in(self.default_space(), key.as_ref(), value)
+    }
+
     /// The values of `keys`, in order: what [`get`](Tree::get) would return for each. The
     /// keys the cache answers are answered at once; the leaf pages the others need are read
     /// together, up to 32 at a time, so the device works on many reads at once instead of

@@ -1,10 +1,16 @@
 //! What a range iterator copied out of a leaf and has not yielded yet: keys and values back
-//! to back in one buffer that is reused from leaf to leaf, so copying a leaf allocates
-//! nothing per record (a record is copied into owned vectors only when it is yielded).
+//! to back in one buffer that is reused from leaf to leaf, and the copying itself, straight
+//! from the nodes (a key is its node's prefix and the record's suffix, compared and copied
+//! in those two parts). Copying a leaf allocates nothing per record; a record is copied
+//! into owned vectors only when the owned iterator yields it.
 
+use std::cmp::Ordering;
 use std::collections::VecDeque;
+use std::ops::Bound;
 
 use super::scan::KeyValue;
+use crate::error::Result;
+use crate::node::{NodeRef, RecordKind};
 
 /// Copied records, in key order, taken from either end.
 #[derive(Default)]
@@ -32,6 +38,15 @@ impl Copied {
         self.spans
             .push_back((self.bytes.len(), key.len(), value.len()));
         self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(value);
+    }
+
+    /// Appends a record whose key is `prefix + suffix` (keys ascending).
+    pub(super) fn push_joined(&mut self, prefix: &[u8], suffix: &[u8], value: &[u8]) {
+        self.spans
+            .push_back((self.bytes.len(), prefix.len() + suffix.len(), value.len()));
+        self.bytes.extend_from_slice(prefix);
+        self.bytes.extend_from_slice(suffix);
         self.bytes.extend_from_slice(value);
     }
 
@@ -72,9 +87,155 @@ impl Copied {
     }
 }
 
+/// The indexes of `node`'s records between `start` and `end`.
+pub(super) fn span_of(
+    node: NodeRef<'_>,
+    start: &Bound<Vec<u8>>,
+    end: &Bound<Vec<u8>>,
+) -> std::ops::Range<usize> {
+    let from = match start {
+        Bound::Unbounded => 0,
+        Bound::Included(k) => node.lower_bound(k),
+        Bound::Excluded(k) => node.upper_bound(k),
+    };
+    let to = match end {
+        Bound::Unbounded => node.len(),
+        Bound::Included(k) => node.upper_bound(k),
+        Bound::Excluded(k) => node.lower_bound(k),
+    };
+    from..to.max(from)
+}
+
+/// Orders the key `a.0 + a.1` against the key `b.0 + b.1` (a node's prefix and a record's
+/// suffix) without joining either.
+pub(super) fn cmp_joined(mut a: [&[u8]; 2], mut b: [&[u8]; 2]) -> Ordering {
+    let (mut i, mut j) = (0, 0);
+    loop {
+        while i < 2 && a[i].is_empty() {
+            i += 1;
+        }
+        while j < 2 && b[j].is_empty() {
+            j += 1;
+        }
+        if i == 2 || j == 2 {
+            return (i == 2).cmp(&(j == 2)).reverse();
+        }
+        let n = a[i].len().min(b[j].len());
+        match a[i][..n].cmp(&b[j][..n]) {
+            Ordering::Equal => {}
+            unequal => return unequal,
+        }
+        a[i] = &a[i][n..];
+        b[j] = &b[j][n..];
+    }
+}
+
+/// Copies the present records of a node that decides every key in its range (a full-page
+/// mirror, or a mini-page with no page below and no pending merges) between `start` and
+/// `end` into `out`.
+pub(super) fn copy_present(
+    node: NodeRef<'_>,
+    start: &Bound<Vec<u8>>,
+    end: &Bound<Vec<u8>>,
+    out: &mut Copied,
+) {
+    let prefix = node.prefix();
+    for i in span_of(node, start, end) {
+        if node.record_kind(i).exists() {
+            out.push_joined(prefix, node.key_suffix(i), node.value(i));
+        }
+    }
+}
+
+/// Newest-wins merge of a leaf page's records (`base`, all present) with a mini-page's
+/// (`over`), between `start` and `end`, into `out`: a mini-page record replaces the leaf's
+/// record with the same key, and hides it when it is a tombstone or phantom; pending merges
+/// (Upsert records) go to `fold` with the leaf's value. Records are copied straight from
+/// both nodes, so nothing is allocated but what a fold returns.
+pub(super) fn overlay(
+    base: NodeRef<'_>,
+    over: Option<NodeRef<'_>>,
+    start: &Bound<Vec<u8>>,
+    end: &Bound<Vec<u8>>,
+    out: &mut Copied,
+    fold: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>>,
+) -> Result<()> {
+    let mut b = span_of(base, start, end).peekable();
+    let (bp, op) = (base.prefix(), over.map_or(&[][..], |o| o.prefix()));
+    let over_span = over.map_or(0..0, |o| span_of(o, start, end));
+    for j in over_span {
+        let over = over.expect("a span only with a node");
+        let ok = [op, over.key_suffix(j)];
+        while let Some(&i) = b.peek() {
+            if cmp_joined([bp, base.key_suffix(i)], ok) != Ordering::Less {
+                break;
+            }
+            out.push_joined(bp, base.key_suffix(i), base.value(i));
+            b.next();
+        }
+        let below = b
+            .next_if(|&i| cmp_joined([bp, base.key_suffix(i)], ok) == Ordering::Equal)
+            .map(|i| base.value(i));
+        let kind = over.record_kind(j);
+        if kind == RecordKind::Upsert {
+            let key = [ok[0], ok[1]].concat();
+            if let Some(v) = fold(&key, below, over.value(j))? {
+                out.push_joined(&key, &[], &v);
+            }
+        } else if kind.exists() {
+            out.push_joined(op, ok[1], over.value(j));
+        }
+    }
+    for i in b {
+        out.push_joined(bp, base.key_suffix(i), base.value(i));
+    }
+    Ok(())
+}
+
+/// Folds the pending merges of a mini-page with no page below over nothing, copying its
+/// records between `start` and `end` into `out`.
+pub(super) fn fold_alone(
+    node: NodeRef<'_>,
+    start: &Bound<Vec<u8>>,
+    end: &Bound<Vec<u8>>,
+    out: &mut Copied,
+    fold: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>>,
+) -> Result<()> {
+    let prefix = node.prefix();
+    for i in span_of(node, start, end) {
+        match node.record_kind(i) {
+            RecordKind::Upsert => {
+                let key = [prefix, node.key_suffix(i)].concat();
+                if let Some(v) = fold(&key, None, node.value(i))? {
+                    out.push_joined(&key, &[], &v);
+                }
+            }
+            kind if kind.exists() => out.push_joined(prefix, node.key_suffix(i), node.value(i)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joined_keys_order_as_their_concatenations() {
+        let keys: [&[u8]; 8] = [b"", b"a", b"ab", b"abc", b"abd", b"b", b"ba", b"\xffa"];
+        for a in keys {
+            for b in keys {
+                let want = a.cmp(b);
+                for i in 0..=a.len() {
+                    for j in 0..=b.len() {
+                        let got = cmp_joined([&a[..i], &a[i..]], [&b[..j], &b[j..]]);
+                        assert_eq!(got, want, "{a:?} split at {i} vs {b:?} split at {j}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn records_come_out_from_both_ends_and_round_trip() {

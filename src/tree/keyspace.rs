@@ -288,12 +288,21 @@ impl Shared {
 
     /// The value of `key` in `space`.
     pub(crate) fn get_in(&self, space: &Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut value = Vec::new();
+        Ok(self.get_into_in(space, key, &mut value)?.then_some(value))
+    }
+
+    /// Whether `key` is present in `space`, its value copied into `out` (cleared first;
+    /// left empty when absent or on an error).
+    pub(crate) fn get_into_in(&self, space: &Space, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        out.clear();
         self.limits().check(key, &[])?;
         let key = space.prefix.key(key);
-        let found = self.get(&key);
+        let found = self.get_into(&key, out);
         // A promotion or a move to the tail may have taken room.
         self.nudge_evictors();
-        self.resolve_found(&key, found?)
+        self.resolve_found_into(&key, found?, out)
+            .inspect_err(|_| out.clear())
     }
 
     /// Compare-and-swap of `key` in `space` (see [`Tree::compare_and_swap`](crate::Tree::compare_and_swap)).
@@ -421,6 +430,27 @@ impl Keyspace {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>> {
         let _in = self.space.enter()?;
         self.shared.get_in(&self.space, key.as_ref())
+    }
+
+    /// Copies the value stored under `key` into `value` and says whether there was one. As
+    /// [`Tree::get_into`](crate::Tree::get_into).
+    ///
+    /// # Errors
+    /// As [`Tree::get`](crate::Tree::get), and [`Error::Closed`] or [`Error::KeyspaceDropped`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.keyspace("ks")?;
+    /// ks.insert(b"k", b"v")?;
+    /// let mut value = Vec::new();
+    /// assert!(ks.get_into(b"k", &mut value)?);
+    /// assert_eq!(value, b"v");
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn get_into(&self, key: impl AsRef<[u8]>, value: &mut Vec<u8>) -> Result<bool> {
+        value.clear();
+        let _in = self.space.enter()?;
+        self.shared.get_into_in(&self.space, key.as_ref(), value)
     }
 
     /// The values of `keys`, in order. As [`Tree::get_many`](crate::Tree::get_many); each

@@ -104,11 +104,12 @@ pub(super) fn apply(records: &mut Vec<Record>, key: &[u8], value: Option<&[u8]>)
     }
 }
 
-/// What a lookup in a leaf found, and whether a promotion found the buffer full (the
-/// caller evicts once the leaf's lock is released).
+/// What a lookup in a leaf found (the value itself went to the caller's buffer), and
+/// whether a promotion found the buffer full (the caller evicts once the leaf's lock is
+/// released).
 pub(crate) struct Lookup {
-    /// The value, if the key is present.
-    value: Option<Vec<u8>>,
+    /// Whether the key is present.
+    found: bool,
     /// A promotion found the buffer full.
     wants_room: bool,
 }
@@ -119,15 +120,18 @@ impl Lookup {
         self.wants_room
     }
 
-    /// The value, if the key is present.
-    pub(crate) fn into_value(self) -> Option<Vec<u8>> {
-        self.value
+    /// Whether the key is present (its value is in the caller's buffer).
+    pub(crate) fn found(&self) -> bool {
+        self.found
     }
 
-    /// An answer that needs no room.
-    fn answer(value: Option<Vec<u8>>) -> Lookup {
+    /// An answer that needs no room: `value` copied into `out`, or `out` left empty.
+    fn answer(value: Option<&[u8]>, out: &mut Vec<u8>) -> Lookup {
+        if let Some(v) = value {
+            out.extend_from_slice(v);
+        }
         Lookup {
-            value,
+            found: value.is_some(),
             wants_room: false,
         }
     }
@@ -152,13 +156,16 @@ impl Shared {
         p >= 100 || (p > 0 && (self.doorkeeper().admit(key) || p > percent_roll()))
     }
 
-    /// Looks `key` up in a read-locked leaf. Returns the value and whether a promotion
-    /// found the buffer full (the caller evicts after releasing the lock).
+    /// Looks `key` up in a read-locked leaf, copying its value into `out` (empty on entry):
+    /// a value in the cache is copied straight from the node, so a buffer with room for it
+    /// is all a lookup needs. Returns whether it was found and whether a promotion found
+    /// the buffer full (the caller evicts after releasing the lock).
     pub(super) fn get_in_leaf(
         &self,
         path: &Path<'_>,
         page: ReadGuard<'_>,
         key: &[u8],
+        out: &mut Vec<u8>,
     ) -> Result<Lookup> {
         let mut disk_page = match page.location() {
             Location::Disk(p) => Some(p),
@@ -171,10 +178,11 @@ impl Shared {
                     // Pending merges: fold them over the leaf page's value.
                     self.counters().count(Event::CacheMiss);
                     let base = self.disk_value(node.disk_page(), key)?;
-                    return Ok(Lookup::answer(self.fold(key, base.as_deref(), value)?));
+                    let folded = self.fold(key, base.as_deref(), value)?;
+                    return Ok(Lookup::answer(folded.as_deref(), out));
                 }
                 self.counters().count(Event::CacheHit);
-                let out = kind.exists().then(|| value.to_vec());
+                let lookup = Lookup::answer(kind.exists().then_some(value), out);
                 let needs_ref = !node.ref_bit(i);
                 let move_to_tail = self.pool().is_copy_on_access(addr);
                 if needs_ref || move_to_tail {
@@ -188,17 +196,17 @@ impl Shared {
                         }
                     }
                 }
-                return Ok(Lookup::answer(out));
+                return Ok(lookup);
             }
             if node.kind() == NodeKind::Leaf {
                 // A full-page mirror holds every record: absent here means absent.
                 self.counters().count(Event::CacheHit);
-                return Ok(Lookup::answer(None));
+                return Ok(Lookup::answer(None, out));
             }
             disk_page = node.disk_page();
         }
         let Some(disk) = disk_page.filter(|p| *p != NO_PAGE) else {
-            return Ok(Lookup::answer(None));
+            return Ok(Lookup::answer(None, out));
         };
         self.counters().count(Event::CacheMiss);
         with_page_buf(self.page_size(), |buf| {
@@ -211,24 +219,24 @@ impl Shared {
                     "the key is in a damaged leaf that may have lost it",
                 ));
             }
-            let value = found.and_then(|(_, kind, v)| kind.exists().then(|| v.to_vec()));
-            let mut wants_room = false;
+            let value = found.and_then(|(_, kind, v)| kind.exists().then_some(v));
+            let mut lookup = Lookup::answer(value, out);
             if self.promotes(key) {
                 if let Ok(mut w) = page.try_upgrade() {
-                    let (v, kind) = match &value {
-                        Some(v) => (v.as_slice(), RecordKind::Cache),
+                    let (v, kind) = match value {
+                        Some(v) => (v, RecordKind::Cache),
                         None => (&[][..], RecordKind::Phantom),
                     };
                     match self.put_buffered(path, &mut w, key, v, kind)? {
                         Step::Done(_) => {
                             self.counters().count(Event::Promotion);
                         }
-                        Step::Restart(Restart::NeedSpace) => wants_room = true,
+                        Step::Restart(Restart::NeedSpace) => lookup.wants_room = true,
                         Step::Restart(Restart::Retry) => {}
                     }
                 }
             }
-            Ok(Lookup { value, wants_room })
+            Ok(lookup)
         })
     }
 

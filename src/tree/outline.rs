@@ -103,23 +103,44 @@ impl Shared {
     pub(crate) fn resolve_found(
         &self,
         key: &[u8],
-        mut found: Option<Vec<u8>>,
+        found: Option<Vec<u8>>,
     ) -> Result<Option<Vec<u8>>> {
+        let present = found.is_some();
+        let mut value = found.unwrap_or_default();
+        Ok(self
+            .resolve_found_into(key, present, &mut value)?
+            .then_some(value))
+    }
+
+    /// As [`Shared::resolve_found`], for a stored value in `out` (`found` tells whether the
+    /// key was present): on success `out` holds the user's value.
+    ///
+    /// # Errors
+    /// As [`Shared::resolve_found`].
+    pub(crate) fn resolve_found_into(
+        &self,
+        key: &[u8],
+        mut found: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
         loop {
-            let Some(r) = found
-                .as_deref()
-                .and_then(|v| self.storage().blobs().decode(v))
-            else {
-                return Ok(found);
+            if !found {
+                return Ok(false);
+            }
+            let Some(r) = self.storage().blobs().decode(out) else {
+                return Ok(true);
             };
             match self.read_blob(&r) {
-                Ok(value) => return Ok(Some(value)),
+                Ok(value) => {
+                    *out = value;
+                    return Ok(true);
+                }
                 Err(e @ Error::Corruption { .. }) => {
-                    let again = self.get(key)?;
-                    if again == found {
+                    let stored = out.clone();
+                    found = self.get_into(key, out)?;
+                    if found && *out == stored {
                         return Err(e);
                     }
-                    found = again;
                 }
                 Err(e) => return Err(e),
             }

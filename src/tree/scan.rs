@@ -11,14 +11,14 @@
 use std::ops::Bound;
 
 use super::blob::BlobPin;
-use super::copied::Copied;
+use super::copied::{copy_present, fold_alone, overlay, Copied};
 use super::inner::{Path, Seek};
 use super::keyspace::{Entered, Space};
 use super::leaf::{node_records, with_page_buf};
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
 use crate::error::Result;
-use crate::node::{self, NodeKind, NodeMut, NodeRef, RecordKind};
+use crate::node::{self, NodeKind, NodeMut, NodeRef};
 use crate::pool::{Location, ReadGuard};
 use crate::sync;
 
@@ -71,6 +71,11 @@ pub struct Range<'t> {
     back_pin: Option<BlobPin>,
     /// What it yields for values stored out of line.
     values: Values,
+    /// The last value read from the blob file, lent out by `next_ref`.
+    blob_value: Vec<u8>,
+    /// A bound's buffer no longer needed, reused for the next one (a refill allocates
+    /// nothing once the buffers have grown).
+    spare: Vec<u8>,
     /// The last key yielded from the front (stored form), once one was.
     front_last: Option<Vec<u8>>,
     /// The last key yielded from the back (stored form), once one was.
@@ -137,6 +142,8 @@ impl<'t> Range<'t> {
             front_pin: None,
             back_pin: None,
             values: Values::Read,
+            blob_value: Vec::new(),
+            spare: Vec::new(),
             front_last: None,
             back_last: None,
             front_done: empty,
@@ -157,7 +164,7 @@ impl<'t> Range<'t> {
             };
             self.front_pin = self.tree.blob_pin();
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
-            let mut high = Vec::new();
+            let mut high = std::mem::take(&mut self.spare);
             let has_high = path.high_into(&mut high);
             self.front_buf.clear();
             self.tree
@@ -180,8 +187,10 @@ impl<'t> Range<'t> {
             self.tree.nudge_evictors();
             if !has_high || past_end(&self.upper, &high) {
                 self.front_done = true;
+                self.spare = high;
             } else {
-                self.front = Bound::Included(high);
+                let old = std::mem::replace(&mut self.front, Bound::Included(high));
+                recycle(old, &mut self.spare);
             }
         }
         Ok(())
@@ -199,7 +208,7 @@ impl<'t> Range<'t> {
             };
             self.back_pin = self.tree.blob_pin();
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
-            let mut low = Vec::new();
+            let mut low = std::mem::take(&mut self.spare);
             let has_low = path.low_into(&mut low);
             self.back_buf.clear();
             self.tree
@@ -221,8 +230,10 @@ impl<'t> Range<'t> {
             self.tree.nudge_evictors();
             if !has_low || at_or_below_start(&self.lower, &low) {
                 self.back_done = true;
+                self.spare = low;
             } else {
-                self.back = Bound::Excluded(low);
+                let old = std::mem::replace(&mut self.back, Bound::Excluded(low));
+                recycle(old, &mut self.spare);
             }
         }
         Ok(())
@@ -240,22 +251,35 @@ impl<'t> Range<'t> {
         self.gate.map(Space::enter).transpose()
     }
 
-    /// Ends the iteration with `e` as its last item.
-    fn fail(&mut self, e: crate::Error) -> Result<KeyValue> {
-        self.finished = true;
-        Err(e)
-    }
-}
-
-impl Iterator for Range<'_> {
-    type Item = Result<KeyValue>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+    /// The next record from the front, borrowed from the iterator: what
+    /// [`next`](Iterator::next) yields, without copying it into vectors of its own. The
+    /// records of a leaf are copied once, into a buffer the iterator reuses from leaf to
+    /// leaf, so a scan of records in memory allocates nothing per record (and, once its
+    /// buffers have grown to a leaf's size, nothing per leaf). The same iterator can mix
+    /// `next_ref`, `next_back_ref` and the owned methods.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// for i in 0u32..100 {
+    ///     tree.insert(i.to_be_bytes(), [1u8])?;
+    /// }
+    /// let mut scan = tree.range(10u32.to_be_bytes()..);
+    /// let mut sum = 0u32;
+    /// while let Some(record) = scan.next_ref() {
+    ///     let (_key, value) = record?;
+    ///     sum += u32::from(value[0]);
+    /// }
+    /// assert_eq!(sum, 90);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    #[allow(clippy::should_implement_trait)]
+    pub fn next_ref(&mut self) -> Option<Result<(&[u8], &[u8])>> {
         if self.finished {
             return None;
         }
         if let Err(e) = self.fill_front() {
-            return Some(self.fail(e));
+            self.finished = true;
+            return Some(Err(e));
         }
         let Some((k, v)) = self.front_buf.pop_front() else {
             self.finished = true;
@@ -265,22 +289,39 @@ impl Iterator for Range<'_> {
             self.finished = true;
             return None;
         }
-        let item = match user(self.tree, self.space, k, v, self.values) {
-            Ok(item) => item,
-            Err(e) => return Some(self.fail(e)),
-        };
         remember(&mut self.front_last, k);
-        Some(Ok(item))
+        let yielded = lend(
+            self.tree,
+            self.space,
+            self.values,
+            k,
+            v,
+            &mut self.blob_value,
+        );
+        self.finished |= yielded.is_err();
+        Some(yielded)
     }
-}
 
-impl DoubleEndedIterator for Range<'_> {
-    fn next_back(&mut self) -> Option<Self::Item> {
+    /// The next record from the back, borrowed from the iterator: as
+    /// [`next_ref`](Range::next_ref), for [`next_back`](DoubleEndedIterator::next_back).
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// tree.insert(b"b", b"2")?;
+    /// let mut scan = tree.iter();
+    /// assert_eq!(scan.next_back_ref().transpose()?, Some((&b"b"[..], &b"2"[..])));
+    /// assert_eq!(scan.next_ref().transpose()?, Some((&b"a"[..], &b"1"[..])));
+    /// assert!(scan.next_back_ref().is_none());
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn next_back_ref(&mut self) -> Option<Result<(&[u8], &[u8])>> {
         if self.finished {
             return None;
         }
         if let Err(e) = self.fill_back() {
-            return Some(self.fail(e));
+            self.finished = true;
+            return Some(Err(e));
         }
         let Some((k, v)) = self.back_buf.pop_back() else {
             self.finished = true;
@@ -290,12 +331,36 @@ impl DoubleEndedIterator for Range<'_> {
             self.finished = true;
             return None;
         }
-        let item = match user(self.tree, self.space, k, v, self.values) {
-            Ok(item) => item,
-            Err(e) => return Some(self.fail(e)),
-        };
         remember(&mut self.back_last, k);
-        Some(Ok(item))
+        let yielded = lend(
+            self.tree,
+            self.space,
+            self.values,
+            k,
+            v,
+            &mut self.blob_value,
+        );
+        self.finished |= yielded.is_err();
+        Some(yielded)
+    }
+}
+
+/// Owned copies of a borrowed record.
+fn owned(record: Result<(&[u8], &[u8])>) -> Result<KeyValue> {
+    record.map(|(k, v)| (k.to_vec(), v.to_vec()))
+}
+
+impl Iterator for Range<'_> {
+    type Item = Result<KeyValue>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_ref().map(owned)
+    }
+}
+
+impl DoubleEndedIterator for Range<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.next_back_ref().map(owned)
     }
 }
 
@@ -307,22 +372,36 @@ impl Drop for Range<'_> {
     }
 }
 
-/// A stored record as the caller sees it: owned, the key without the keyspace prefix.
-/// The user's key and value of a stored record (a value stored out of line is read now:
-/// the buffer's pin keeps its extent).
-fn user(
+/// A stored record as the caller sees it: the key without the keyspace prefix, the value
+/// as stored or, for a value stored out of line, read into `blob_value` (the buffer's pin
+/// keeps its extent).
+fn lend<'a>(
     tree: &Shared,
     space: &Space,
-    key: &[u8],
-    value: &[u8],
     values: Values,
-) -> Result<KeyValue> {
-    let outline = tree.storage().blobs().decode(value);
-    let value = match outline.filter(|_| values == Values::Read) {
-        Some(r) => tree.read_blob(&r)?,
-        None => value.to_vec(),
+    key: &'a [u8],
+    value: &'a [u8],
+    blob_value: &'a mut Vec<u8>,
+) -> Result<(&'a [u8], &'a [u8])> {
+    let key = &key[space.prefix().as_slice().len()..];
+    let outline = match values {
+        Values::Read => tree.storage().blobs().decode(value),
+        Values::Stored => None,
     };
-    Ok((key[space.prefix().as_slice().len()..].to_vec(), value))
+    match outline {
+        None => Ok((key, value)),
+        Some(r) => {
+            *blob_value = tree.read_blob(&r)?;
+            Ok((key, blob_value.as_slice()))
+        }
+    }
+}
+
+/// Keeps the buffer of a bound no longer needed in `spare`.
+fn recycle(bound: Bound<Vec<u8>>, spare: &mut Vec<u8>) {
+    if let Bound::Included(v) | Bound::Excluded(v) = bound {
+        *spare = v;
+    }
 }
 
 /// Keeps `key` as the last one yielded from one end, in the buffer kept from the last time.
@@ -330,75 +409,6 @@ fn remember(last: &mut Option<Vec<u8>>, key: &[u8]) {
     let buf = last.get_or_insert_with(Vec::new);
     buf.clear();
     buf.extend_from_slice(key);
-}
-
-/// Copies the present records of a full-page mirror between `start` and `end` into `out`.
-fn copy_mirror(node: NodeRef<'_>, start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>, out: &mut Copied) {
-    let from = match start {
-        Bound::Unbounded => 0,
-        Bound::Included(k) => node.lower_bound(k),
-        Bound::Excluded(k) => node.upper_bound(k),
-    };
-    let mut key = Vec::new();
-    for i in from..node.len() {
-        node.key_into(i, &mut key);
-        if past_end(end, &key) {
-            break;
-        }
-        if node.record_kind(i).exists() {
-            out.push(&key, node.value(i));
-        }
-    }
-}
-
-/// The records of a node between `start` and `end`, with their kinds, ascending.
-fn node_slice(
-    node: NodeRef<'_>,
-    start: &Bound<Vec<u8>>,
-    end: &Bound<Vec<u8>>,
-) -> Vec<(Vec<u8>, Vec<u8>, RecordKind)> {
-    let from = match start {
-        Bound::Unbounded => 0,
-        Bound::Included(k) => node.lower_bound(k),
-        Bound::Excluded(k) => node.upper_bound(k),
-    };
-    let mut out = Vec::new();
-    for i in from..node.len() {
-        let mut key = Vec::new();
-        node.key_into(i, &mut key);
-        if past_end(end, &key) {
-            break;
-        }
-        out.push((key, node.value(i).to_vec(), node.record_kind(i)));
-    }
-    out
-}
-
-/// Newest-wins merge of a leaf's records (`base`, all present) with a mini-page's (`over`):
-/// a mini-page record replaces the leaf's record with the same key, and hides it when it is
-/// a tombstone or phantom; pending merges (Upsert records) go to `fold` with the leaf's value.
-fn overlay(
-    base: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
-    over: Vec<(Vec<u8>, Vec<u8>, RecordKind)>,
-    fold: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>>,
-) -> Result<Vec<KeyValue>> {
-    let mut out = Vec::with_capacity(base.len() + over.len());
-    let mut base = base.into_iter().peekable();
-    for (key, value, kind) in over {
-        while let Some((k, v, _)) = base.next_if(|b| b.0 < key) {
-            out.push((k, v));
-        }
-        let below = base.next_if(|b| b.0 == key);
-        if kind == RecordKind::Upsert {
-            if let Some(v) = fold(&key, below.as_ref().map(|b| &b.1[..]), &value)? {
-                out.push((key, v));
-            }
-        } else if kind.exists() {
-            out.push((key, value));
-        }
-    }
-    out.extend(base.map(|(k, v, _)| (k, v)));
-    Ok(out)
 }
 
 impl Shared {
@@ -417,18 +427,20 @@ impl Shared {
                 let node = NodeRef::from_bytes(bytes);
                 if node.kind() == NodeKind::Leaf {
                     self.counters().count(Event::CacheHit);
-                    copy_mirror(node, start, end, out);
+                    copy_present(node, start, end, out);
                     return Ok(());
                 }
-                (node_slice(node, start, end), node.disk_page())
+                (Some(node), node.disk_page())
             }
             None => match page.location() {
-                Location::Disk(p) => (Vec::new(), Some(p)),
-                Location::Mini(_) => (Vec::new(), None),
+                Location::Disk(p) => (None, Some(p)),
+                Location::Mini(_) => (None, None),
             },
         };
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
-            out.extend(overlay(Vec::new(), over, |k, b, ops| self.fold(k, b, ops))?);
+            if let Some(node) = over {
+                fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
+            }
             return Ok(());
         };
         self.counters().count(Event::CacheMiss);
@@ -440,9 +452,11 @@ impl Shared {
                     .storage()
                     .corruption(Some(disk), "the scan crosses a damaged leaf"));
             }
-            out.extend(overlay(node_slice(leaf, start, end), over, |k, b, ops| {
+            // The mini-page again: `page` moves into the upgrade below.
+            let over = page.mini().map(NodeRef::from_bytes);
+            overlay(leaf, over, start, end, out, |k, b, ops| {
                 self.fold(k, b, ops)
-            })?);
+            })?;
             if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > super::leaf::percent_roll()
             {
@@ -503,5 +517,22 @@ impl Shared {
             self.pool().dealloc(old);
         }
         self.counters().count(Event::ScanMirror);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recycled_bounds_keep_their_buffer() {
+        let mut spare = Vec::new();
+        recycle(Bound::Included(Vec::with_capacity(32)), &mut spare);
+        assert!(spare.capacity() >= 32);
+        recycle(Bound::Unbounded, &mut spare);
+        assert!(
+            spare.capacity() >= 32,
+            "an unbounded end leaves the spare alone"
+        );
     }
 }

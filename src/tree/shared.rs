@@ -226,18 +226,26 @@ impl Shared {
 
     /// The value of `key`.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut value = Vec::new();
+        Ok(self.get_into(key, &mut value)?.then_some(value))
+    }
+
+    /// Whether `key` is present, its stored value copied into `out` (cleared first).
+    pub(crate) fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
+        out.clear();
         let guard = sync::pin();
         let (path, page) = self.index.read_leaf(&self.pool, &guard, Seek::Key(key));
-        let lookup = self.get_in_leaf(&path, page, key)?;
+        let lookup = self.get_in_leaf(&path, page, key, out);
         drop(guard);
+        let lookup = lookup.inspect_err(|_| out.clear())?;
         // After the log failed the leaves may hold refused writes (`Journal::check`).
-        self.journal.check()?;
+        self.journal.check().inspect_err(|_| out.clear())?;
         if lookup.wants_room() {
             // A promotion found the buffer full. Make room for the next one; the answer is
             // already known, and a failure to evict belongs to the writer that meets it.
             let _ = self.make_room_here();
         }
-        Ok(lookup.into_value())
+        Ok(lookup.found())
     }
 
     /// Applies a write and, when writes are logged, waits until its log record is durable

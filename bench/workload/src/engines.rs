@@ -40,14 +40,7 @@ impl Engine for Bfkv {
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, BoxError> {
-        // The API returns an owned Vec; moving it into `out` keeps the trait uniform.
-        match self.0.get(key)? {
-            Some(v) => {
-                *out = v;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(self.0.get_into(key, out)?)
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), BoxError> {
@@ -56,9 +49,10 @@ impl Engine for Bfkv {
 
     fn scan(&self, start: &[u8], len: usize) -> Result<usize, BoxError> {
         let mut n = 0;
-        for kv in self.0.range(start..).take(len) {
-            let (_, v) = kv?;
-            decode_value(&v).ok_or("bfkv scan returned a malformed value")?;
+        let mut scan = self.0.range(start..);
+        while n < len {
+            let Some(record) = scan.next_ref() else { break };
+            decode_value(record?.1).ok_or("bfkv scan returned a malformed value")?;
             n += 1;
         }
         Ok(n)
