@@ -247,6 +247,15 @@ impl<'a> NodeRef<'a> {
         }
     }
 
+    /// Record `i`'s key suffix and value, which a node stores back to back, as one slice,
+    /// and the suffix's length.
+    #[inline]
+    pub(crate) fn record_slot(&self, i: usize) -> (&'a [u8], usize) {
+        let m = self.rec_meta(i);
+        let off = m.offset();
+        (&self.buf[off..off + m.key_len() + m.val_len()], m.key_len())
+    }
+
     /// Key suffix of record `i` (after the prefix).
     pub(crate) fn key_suffix(&self, i: usize) -> &'a [u8] {
         self.slot_key(self.rec_meta(i))

@@ -19,6 +19,10 @@ pub(super) struct Copied {
     /// Each record's key offset in `bytes`, key length and value length (the value follows
     /// the key).
     spans: VecDeque<(usize, usize, usize)>,
+    /// The key offset and length of the record last taken from the front, and from the
+    /// back, since the last `clear` (its bytes stay until then).
+    taken_front: Option<(usize, usize)>,
+    taken_back: Option<(usize, usize)>,
 }
 
 impl Copied {
@@ -31,6 +35,28 @@ impl Copied {
     pub(super) fn clear(&mut self) {
         self.bytes.clear();
         self.spans.clear();
+        self.taken_front = None;
+        self.taken_back = None;
+    }
+
+    /// Makes room for a leaf of a `page_size` tree at once (its records, with the key
+    /// prefix the node shares written out in each), instead of growing step by step on
+    /// the first leaf of every scan.
+    pub(super) fn reserve_leaf(&mut self, page_size: usize) {
+        if self.bytes.capacity() < page_size {
+            self.bytes.reserve(2 * page_size);
+            self.spans.reserve(page_size / 32);
+        }
+    }
+
+    /// The key of the record last taken from the front since the last `clear`.
+    pub(super) fn last_taken_front(&self) -> Option<&[u8]> {
+        self.taken_front.map(|(at, k)| &self.bytes[at..at + k])
+    }
+
+    /// The key of the record last taken from the back since the last `clear`.
+    pub(super) fn last_taken_back(&self) -> Option<&[u8]> {
+        self.taken_back.map(|(at, k)| &self.bytes[at..at + k])
     }
 
     /// Appends a record (keys ascending).
@@ -39,6 +65,21 @@ impl Copied {
             .push_back((self.bytes.len(), key.len(), value.len()));
         self.bytes.extend_from_slice(key);
         self.bytes.extend_from_slice(value);
+    }
+
+    /// Appends a node's record: `slot` holds its key suffix (the first `suffix_len` bytes)
+    /// and its value back to back, as nodes store them, so it is copied in one piece after
+    /// the node's key prefix (keys ascending).
+    pub(super) fn push_slot(&mut self, prefix: &[u8], slot: &[u8], suffix_len: usize) {
+        self.spans.push_back((
+            self.bytes.len(),
+            prefix.len() + suffix_len,
+            slot.len() - suffix_len,
+        ));
+        if !prefix.is_empty() {
+            self.bytes.extend_from_slice(prefix);
+        }
+        self.bytes.extend_from_slice(slot);
     }
 
     /// Appends a record whose key is `prefix + suffix` (keys ascending).
@@ -77,12 +118,14 @@ impl Copied {
     /// Takes the first record: its key and value.
     pub(super) fn pop_front(&mut self) -> Option<(&[u8], &[u8])> {
         let (at, k, v) = self.spans.pop_front()?;
+        self.taken_front = Some((at, k));
         Some((&self.bytes[at..at + k], &self.bytes[at + k..at + k + v]))
     }
 
     /// Takes the last record: its key and value.
     pub(super) fn pop_back(&mut self) -> Option<(&[u8], &[u8])> {
         let (at, k, v) = self.spans.pop_back()?;
+        self.taken_back = Some((at, k));
         Some((&self.bytes[at..at + k], &self.bytes[at + k..at + k + v]))
     }
 }
@@ -142,7 +185,8 @@ pub(super) fn copy_present(
     let prefix = node.prefix();
     for i in span_of(node, start, end) {
         if node.record_kind(i).exists() {
-            out.push_joined(prefix, node.key_suffix(i), node.value(i));
+            let (slot, suffix_len) = node.record_slot(i);
+            out.push_slot(prefix, slot, suffix_len);
         }
     }
 }
@@ -170,7 +214,8 @@ pub(super) fn overlay(
             if cmp_joined([bp, base.key_suffix(i)], ok) != Ordering::Less {
                 break;
             }
-            out.push_joined(bp, base.key_suffix(i), base.value(i));
+            let (slot, suffix_len) = base.record_slot(i);
+            out.push_slot(bp, slot, suffix_len);
             b.next();
         }
         let below = b
@@ -183,11 +228,13 @@ pub(super) fn overlay(
                 out.push_joined(&key, &[], &v);
             }
         } else if kind.exists() {
-            out.push_joined(op, ok[1], over.value(j));
+            let (slot, suffix_len) = over.record_slot(j);
+            out.push_slot(op, slot, suffix_len);
         }
     }
     for i in b {
-        out.push_joined(bp, base.key_suffix(i), base.value(i));
+        let (slot, suffix_len) = base.record_slot(i);
+        out.push_slot(bp, slot, suffix_len);
     }
     Ok(())
 }
@@ -210,7 +257,10 @@ pub(super) fn fold_alone(
                     out.push_joined(&key, &[], &v);
                 }
             }
-            kind if kind.exists() => out.push_joined(prefix, node.key_suffix(i), node.value(i)),
+            kind if kind.exists() => {
+                let (slot, suffix_len) = node.record_slot(i);
+                out.push_slot(prefix, slot, suffix_len);
+            }
             _ => {}
         }
     }
@@ -251,5 +301,15 @@ mod tests {
         c.push(b"k", b"v");
         c.clear();
         assert_eq!(c.pop_back(), None);
+        assert_eq!(c.last_taken_front(), None);
+        c.push_slot(b"p", b"kkvalue", 2);
+        c.push_slot(b"", b"zv", 1);
+        assert_eq!(c.last_taken_back(), None);
+        assert_eq!(c.pop_back(), Some((&b"z"[..], &b"v"[..])));
+        assert_eq!(c.pop_front(), Some((&b"pkk"[..], &b"value"[..])));
+        assert_eq!(c.last_taken_front(), Some(&b"pkk"[..]));
+        assert_eq!(c.last_taken_back(), Some(&b"z"[..]));
+        c.clear();
+        assert_eq!((c.last_taken_front(), c.last_taken_back()), (None, None));
     }
 }

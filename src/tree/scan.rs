@@ -76,9 +76,10 @@ pub struct Range<'t> {
     /// A bound's buffer no longer needed, reused for the next one (a refill allocates
     /// nothing once the buffers have grown).
     spare: Vec<u8>,
-    /// The last key yielded from the front (stored form), once one was.
+    /// The last key yielded from the front (stored form), once one was: copied here when
+    /// the buffer it came from is refilled, until then `front_buf.last_taken_front()`.
     front_last: Option<Vec<u8>>,
-    /// The last key yielded from the back (stored form), once one was.
+    /// The last key yielded from the back, kept the same way.
     back_last: Option<Vec<u8>>,
     front_done: bool,
     back_done: bool,
@@ -166,7 +167,11 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = std::mem::take(&mut self.spare);
             let has_high = path.high_into(&mut high);
+            if let Some(k) = self.front_buf.last_taken_front() {
+                remember(&mut self.front_last, k);
+            }
             self.front_buf.clear();
+            self.front_buf.reserve_leaf(self.tree.page_size());
             self.tree
                 .collect_leaf(&path, page, &self.front, &self.upper, &mut self.front_buf)?;
             self.tree.journal().check()?;
@@ -210,7 +215,11 @@ impl<'t> Range<'t> {
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut low = std::mem::take(&mut self.spare);
             let has_low = path.low_into(&mut low);
+            if let Some(k) = self.back_buf.last_taken_back() {
+                remember(&mut self.back_last, k);
+            }
             self.back_buf.clear();
+            self.back_buf.reserve_leaf(self.tree.page_size());
             self.tree
                 .collect_leaf(&path, page, &self.lower, &self.back, &mut self.back_buf)?;
             self.tree.journal().check()?;
@@ -285,11 +294,14 @@ impl<'t> Range<'t> {
             self.finished = true;
             return None;
         };
-        if self.back_last.as_ref().is_some_and(|b| k >= b.as_slice()) {
+        let back_last = self
+            .back_buf
+            .last_taken_back()
+            .or(self.back_last.as_deref());
+        if back_last.is_some_and(|b| k >= b) {
             self.finished = true;
             return None;
         }
-        remember(&mut self.front_last, k);
         let yielded = lend(
             self.tree,
             self.space,
@@ -327,11 +339,14 @@ impl<'t> Range<'t> {
             self.finished = true;
             return None;
         };
-        if self.front_last.as_ref().is_some_and(|f| k <= f.as_slice()) {
+        let front_last = self
+            .front_buf
+            .last_taken_front()
+            .or(self.front_last.as_deref());
+        if front_last.is_some_and(|f| k <= f) {
             self.finished = true;
             return None;
         }
-        remember(&mut self.back_last, k);
         let yielded = lend(
             self.tree,
             self.space,
