@@ -245,16 +245,10 @@ unsafe fn drive<E>(
         if inflight == 0 {
             break;
         }
-        // A read waits for one completion, not all: each page is checked while the rest are
-        // in flight (where the device spreads its completions; some complete a batch at
-        // once). So does a write with requests left to submit, to refill freed slots; the
-        // last wave of a write has nothing to overlap, so it sleeps once.
+        // With requests left to submit, wait for one completion to refill its slot; once
+        // everything is queued, sleep once for the whole last wave.
         let all_queued = next == n && r.retry.is_empty();
-        let want = if dir == Dir::Write && all_queued {
-            inflight
-        } else {
-            1
-        };
+        let want = if all_queued { inflight } else { 1 };
         match submit_and_wait(r, want) {
             Ok(_) => hard_failures = 0,
             Err(e) if e.raw_os_error().is_some_and(transient) => {}
