@@ -96,6 +96,13 @@ pub enum Error {
         /// The most a batch may take.
         limit: usize,
     },
+    /// The input of a call broke the call's contract, as [`Tree::bulk_load`](crate::Tree::bulk_load)
+    /// given keys that are not strictly ascending, or a key span that already holds a key
+    /// or crosses a leaf boundary; nothing was changed.
+    InvalidInput {
+        /// What was wrong with the input.
+        reason: &'static str,
+    },
 }
 
 impl Error {
@@ -210,6 +217,7 @@ impl fmt::Display for Error {
             Error::BatchTooLarge { len, limit } => {
                 write!(f, "batch of {len} bytes exceeds the limit of {limit} bytes")
             }
+            Error::InvalidInput { reason } => write!(f, "invalid input: {reason}"),
         }
     }
 }

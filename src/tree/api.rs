@@ -90,6 +90,67 @@ impl Tree {
             .put_in(self.default_space(), key.as_ref(), value.as_ref())
     }
 
+    /// Loads `records`, sorted by key, straight into fresh leaf pages packed full, instead of
+    /// inserting them one by one, and returns how many records were loaded. The input is
+    /// streamed: it may be larger than memory (leaves are written as they fill, 32 pages per
+    /// write); only each leaf's low key and page are kept until the end.
+    ///
+    /// The contract:
+    /// - keys are strictly ascending (no key twice), and every key and value obeys the
+    ///   limits of [`insert`](Tree::insert) (values past [`Limits::max_record_len`] go to
+    ///   the blob file as `insert` sends them there);
+    /// - the span from the first key to the last lies within one leaf of the tree, and no
+    ///   key in that span is present. Keys outside it may be: they join the first and last
+    ///   new leaves. An empty tree, or a key range no write has reached and no leaf boundary
+    ///   crosses, is always such a span;
+    /// - the load is not logged: before this returns a checkpoint makes it durable, whatever
+    ///   the [`Durability`](crate::Durability). A crash before that checkpoint is written
+    ///   leaves the tree as it was before the call (with the other writes acknowledged
+    ///   meanwhile): all of the records or none of them survive;
+    /// - other threads may read and write meanwhile. They see none of the records until
+    ///   all of them are in the tree; a write into the span that lands first makes the load
+    ///   fail, and one that comes after it wins.
+    ///
+    /// An in-memory tree (`Config::in_memory()`) makes the same checks (its span is checked
+    /// for present keys with a range scan, and its leaves cut no span), then inserts the
+    /// records one by one; a write into the span meanwhile is overwritten by the load, and
+    /// an insert that fails (a full cache) takes back the records it loaded.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for keys out of order or
+    /// repeated, or a span that holds a key or crosses a leaf boundary;
+    /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) /
+    /// [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`];
+    /// [`Error::Io`](crate::Error::Io) or [`Error::Corruption`](crate::Error::Corruption)
+    /// from the disk. Each of these leaves the tree exactly as it was (pages and blob
+    /// extents already written are freed for reuse), except an error of the final
+    /// checkpoint, after which the records are loaded but not yet durable (as after a
+    /// failed [`checkpoint`](Tree::checkpoint)).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// let records = (0..10_000u32).map(|i| (i.to_be_bytes(), format!("value {i}")));
+    /// assert_eq!(tree.bulk_load(records)?, 10_000);
+    /// assert_eq!(tree.get(7u32.to_be_bytes())?, Some(b"value 7".to_vec()));
+    /// // Keys out of order: an error, and nothing is loaded.
+    /// let unsorted = tree.bulk_load([(b"b", b"1"), (b"a", b"2")]);
+    /// assert!(matches!(unsorted, Err(bfkv::Error::InvalidInput { .. })));
+    /// assert_eq!(tree.get(b"b")?, None);
+    /// // A span that already holds a key is refused too.
+    /// let taken = tree.bulk_load([(5u32.to_be_bytes(), b"x")]);
+    /// assert!(matches!(taken, Err(bfkv::Error::InvalidInput { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bulk_load<K, V, I>(&self, records: I) -> Result<u64>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        self.shared.bulk_load_in(self.default_space(), records)
+    }
+
     /// Removes `key`. Removing an absent key is not an error.
     ///
     /// # Errors

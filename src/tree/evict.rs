@@ -258,7 +258,7 @@ impl Shared {
     }
 
     /// Builds one leaf of `records` between the fences in `buf`.
-    fn build_leaf(
+    pub(super) fn build_leaf(
         &self,
         buf: &mut PageBuf,
         low: Option<&[u8]>,

@@ -398,6 +398,36 @@ impl Keyspace {
             .put_in(&self.space, key.as_ref(), value.as_ref())
     }
 
+    /// Loads `records`, sorted by key, into this keyspace straight into fresh packed leaf
+    /// pages. As [`Tree::bulk_load`](crate::Tree::bulk_load), whose contract holds for the
+    /// keyspace's keys: the span from the first key to the last must lie within one leaf
+    /// and hold no key (a new keyspace's range usually does, unless a leaf boundary of
+    /// another keyspace's data falls inside it).
+    ///
+    /// # Errors
+    /// As [`Tree::bulk_load`](crate::Tree::bulk_load), and [`Error::Closed`] or
+    /// [`Error::KeyspaceDropped`].
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// let users = tree.keyspace("users")?;
+    /// let records = (0..1_000u32).map(|i| (i.to_be_bytes(), b"user"));
+    /// assert_eq!(users.bulk_load(records)?, 1_000);
+    /// assert_eq!(users.get(7u32.to_be_bytes())?.as_deref(), Some(&b"user"[..]));
+    /// assert_eq!(tree.get(7u32.to_be_bytes())?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bulk_load<K, V, I>(&self, records: I) -> Result<u64>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let _in = self.space.enter()?;
+        self.shared.bulk_load_in(&self.space, records)
+    }
+
     /// Removes `key`; removing an absent key is not an error. As [`Tree::remove`](crate::Tree::remove).
     ///
     /// # Errors

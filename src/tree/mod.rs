@@ -14,6 +14,7 @@
 //! | counters | `stats.rs` | what the tree did | `Counters::count(Event)` |
 //! | batches | `batch.rs`, `commit.rs`, `rewind.rs` | the public `Batch`, its commit, the batch sequence | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
 //! | large values | `blob.rs`, `outline.rs` | the blob file's extents in use (in `Storage`), pins | `Shared::store_value` / `settle` (writes), `resolve_found` / `user_value` (reads), `Blobs::page_written`, `table`, `checkpointed`, `claim` |
+//! | bulk load | `bulk.rs` | nothing between calls | `Shared::bulk_load_in` (writes leaf pages, installs them with `Shared::publish`, checkpoints) |
 //!
 //! `shared.rs` composes them into `Shared`, the state every handle, iterator and background
 //! thread of one open tree shares; `api.rs` is the public [`Tree`] over it, `scan.rs` the
@@ -42,6 +43,7 @@ mod background;
 mod backup;
 mod batch;
 mod blob;
+mod bulk;
 mod catalog;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
