@@ -49,6 +49,12 @@ impl BufferPool {
         Some(guard)
     }
 
+    /// Where `pid` is right now, read without taking its lock: a hint that may be stale by
+    /// the time it is used (a read ahead checks what it read under the lock later).
+    pub(crate) fn location_hint(&self, pid: PageId) -> Location {
+        latch::decode(self.table.word(pid).load(Ordering::Acquire))
+    }
+
     /// Read-locks `pid` (bounded spin, then park).
     pub(crate) fn read(&self, pid: PageId) -> ReadGuard<'_> {
         let word = self.table.word(pid);

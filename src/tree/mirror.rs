@@ -1,6 +1,7 @@
 //! Full-page mirrors (paper §5.5): a mini-page merged with its disk leaf into a copy of the
-//! whole leaf, leaf splits when the records outgrow a page, the move of a mini-page to the
-//! tail of the buffer (copy-on-access, §4.1), and the removal of an emptied leaf.
+//! whole leaf (on a write, or kept by a scan that read the leaf), leaf splits when the
+//! records outgrow a page, the move of a mini-page to the tail of the buffer
+//! (copy-on-access, §4.1), and the removal of an emptied leaf.
 //!
 //! Like `leaf.rs`, everything here runs with the leaf's lock held, and a function that
 //! needs memory it cannot get restarts before changing anything.
@@ -14,6 +15,57 @@ use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::{Location, WriteGuard};
 
 impl Shared {
+    /// Keeps a scanned leaf in memory as a full-page mirror so the next scan needs no I/O
+    /// (paper §5.3). Best effort and never evicts: a scan does not write to disk.
+    pub(super) fn mirror_scanned<'p>(
+        &'p self,
+        path: &Path<'_>,
+        page: &mut crate::pool::WriteGuard<'p>,
+        leaf: NodeRef<'_>,
+        disk: u64,
+    ) {
+        let (records, dirty) = match page.mini() {
+            Some(b) => {
+                let mini = NodeRef::from_bytes(b);
+                let fold = &mut |k: &[u8], b: Option<&[u8]>, ops: &[u8]| self.fold(k, b, ops);
+                let Ok(records) = node::merge_sorted(leaf, mini, fold) else {
+                    return;
+                };
+                (records, mini.dirty_count() > 0)
+            }
+            None => (node_records(leaf), false),
+        };
+        let (low, high) = path.bounds();
+        if self
+            .leaf_groups(&records, low.as_deref(), high.as_deref(), false)
+            .len()
+            != 1
+        {
+            return;
+        }
+        let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
+            return;
+        };
+        if node::build(
+            block.bytes_mut(),
+            NodeKind::Leaf,
+            low.as_deref(),
+            high.as_deref(),
+            &records,
+        )
+        .is_err()
+        {
+            return;
+        }
+        let mut node = NodeMut::from_bytes(block.bytes_mut());
+        node.set_disk_page(Some(disk));
+        node.set_flags(if dirty { FLAG_DIRTY } else { 0 });
+        if let Some(old) = page.set_mini(block) {
+            self.pool().dealloc(old);
+        }
+        self.counters().count(Event::ScanMirror);
+    }
+
     /// Merges the mini-page with its disk leaf into a full-page mirror (paper §5.5), or
     /// splits when the merged records need more than a page.
     pub(super) fn to_mirror<'p>(

@@ -72,6 +72,7 @@ mod pages;
 mod persist;
 #[cfg(all(test, not(shuttle)))]
 mod power_tests;
+mod readahead;
 mod rewind;
 mod scan;
 mod shared;
