@@ -283,7 +283,8 @@ impl<D: Disk> PageStore for PagedStore<D> {
         for (&p, buf) in pages.iter().zip(bufs.iter()) {
             self.check(p, buf.len())?;
         }
-        // Each page is verified as soon as it arrives, while the rest are still in flight.
+        // Each page is verified when its read completes (with io_uring, a batch longer than
+        // the ring verifies its first pages while its last are still in flight).
         let result = self
             .disk
             .read_pages_checked(pages, bufs, &mut |i, buf| self.verify(pages, i, buf));
