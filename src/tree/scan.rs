@@ -6,7 +6,8 @@
 //! (`copied.rs`), and unlocks. Moving
 //! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
 //! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
-//! a loop, never by recursion.
+//! a loop, never by recursion. `next_ref` lends records from that buffer; `next` copies
+//! them out. A long ascending scan reads the next leaf's page ahead (`readahead.rs`).
 
 use std::ops::Bound;
 
