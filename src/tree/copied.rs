@@ -205,10 +205,13 @@ pub(super) fn overlay(
     fold: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Result<Option<Vec<u8>>>,
 ) -> Result<()> {
     let mut b = span_of(base, start, end).peekable();
-    let (bp, op) = (base.prefix(), over.map_or(&[][..], |o| o.prefix()));
-    let over_span = over.map_or(0..0, |o| span_of(o, start, end));
+    // Without a mini-page the span over it is empty (`base` only stands in for the node).
+    let (over, over_span) = match over {
+        Some(o) => (o, span_of(o, start, end)),
+        None => (base, 0..0),
+    };
+    let (bp, op) = (base.prefix(), over.prefix());
     for j in over_span {
-        let over = over.expect("a span only with a node");
         let ok = [op, over.key_suffix(j)];
         while let Some(&i) = b.peek() {
             if cmp_joined([bp, base.key_suffix(i)], ok) != Ordering::Less {
