@@ -252,6 +252,11 @@ fn regime_block(s: &mut String, report: &Report, regime: u8, threads: usize) {
     ));
     let _ = writeln!(
         s,
+        "\nOn disk after the phase, MiB: allocated blocks of all the engine's files (log included):\n"
+    );
+    s.push_str(&phase_table(&runs, &|_, p| fmt_mib(p.disk_bytes)));
+    let _ = writeln!(
+        s,
         "\n![throughput, regime {regime}, {threads} thread(s)](charts/peers-r{regime}-t{threads}.svg)\n"
     );
 }
@@ -470,7 +475,7 @@ mod tests {
                 read_bytes: None,
                 write_bytes: None,
                 engine_pages: None,
-                disk_bytes: 0,
+                disk_bytes: (2 * ops_per_sec as u64) << 20,
             }],
         }
     }
@@ -499,6 +504,8 @@ mod tests {
         let text = section(&report);
         assert!(text.contains("| YCSB-C | 200 | 150 | 250 |"), "{text}");
         assert!(text.contains("**0.80**"), "{text}");
+        // The disk table, in MiB (the fixture's files take 2 MiB per op/s).
+        assert!(text.contains("| YCSB-C | 400 | 300 | 500 |"), "{text}");
     }
 
     #[test]
