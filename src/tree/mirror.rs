@@ -20,7 +20,7 @@ impl Shared {
     pub(super) fn mirror_scanned<'p>(
         &'p self,
         path: &Path<'_>,
-        page: &mut crate::pool::WriteGuard<'p>,
+        page: &mut WriteGuard<'p>,
         leaf: NodeRef<'_>,
         disk: u64,
     ) {

@@ -189,7 +189,8 @@ impl<'t> Range<'t> {
             self.front_pin = self.tree.blob_pin();
             let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
             let mut high = std::mem::take(&mut self.spare);
-            let has_high = path.high_into(&mut high);
+            // Whether the range goes on past this leaf, into the one its high bound starts.
+            let goes_on = path.high_into(&mut high) && !past_end(&self.upper, &high);
             if let Some(k) = self.front_buf.last_taken_front() {
                 remember(&mut self.front_last, k);
             }
@@ -206,16 +207,13 @@ impl<'t> Range<'t> {
                     guard: &guard,
                     // Only a scan already past its first leaves reads ahead: a page read
                     // for a scan that ends first is a read the device did for nothing.
-                    next: (self.front_refills >= READ_AHEAD_AFTER
-                        && has_high
-                        && !past_end(&self.upper, &high))
-                    .then_some(&high[..]),
+                    next: (self.front_refills >= READ_AHEAD_AFTER && goes_on).then_some(&high[..]),
                 }),
             )?;
             self.tree.journal().check()?;
             if self.tree.rewind().batched_since(self.start) {
                 // This leaf's part of the range: from the front to its high bound.
-                let end = if has_high && !past_end(&self.upper, &high) {
+                let end = if goes_on {
                     Bound::Excluded(high.clone())
                 } else {
                     self.upper.clone()
@@ -229,12 +227,12 @@ impl<'t> Range<'t> {
             self.front_refills += 1;
             // Making the leaf a full-page mirror may have taken room.
             self.tree.nudge_evictors();
-            if !has_high || past_end(&self.upper, &high) {
-                self.front_done = true;
-                self.spare = high;
-            } else {
+            if goes_on {
                 let old = std::mem::replace(&mut self.front, Bound::Included(high));
                 recycle(old, &mut self.spare);
+            } else {
+                self.front_done = true;
+                self.spare = high;
             }
         }
         Ok(())
