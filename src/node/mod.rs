@@ -56,6 +56,7 @@ mod build;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod fuzz;
 mod layout;
+mod racy;
 mod read;
 mod validate;
 mod write;
@@ -75,6 +76,7 @@ pub(crate) use build::{
 };
 #[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
+pub(crate) use racy::{RacyNode, Words};
 pub(crate) use read::NodeRef;
 pub(crate) use write::NodeMut;
 

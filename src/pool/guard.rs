@@ -1,11 +1,14 @@
-//! Page guards: the only way to a mapped mini-page's bytes. A guard holds its entry's lock
-//! (shared or exclusive); a block is mapped (`READY`) only through an entry, and leaves that
-//! state only under the entry's write lock, so a guard's view of the bytes is stable.
+//! Page guards: the only way to write a mapped mini-page's bytes, and to read them stably. A
+//! guard holds its entry's lock (shared or exclusive); a block is mapped (`READY`) only
+//! through an entry, and leaves that state only under the entry's write lock, so a guard's
+//! view of the bytes is stable. (Reads without the lock, which must validate what they saw,
+//! are in `optimistic.rs`.)
 
 use std::marker::PhantomData;
 
 use super::alloc::{DetachedBlock, NewBlock};
 use super::latch;
+use super::optimistic;
 use super::ring::header;
 use super::{BufferPool, Location, PageId};
 use crate::sync::{AtomicU64, Ordering};
@@ -19,11 +22,12 @@ pub(crate) struct ReadGuard<'a> {
     _not_send: PhantomData<*const ()>,
 }
 
-/// The write lock on one page.
+/// The write lock on one page. While it lives the page's version is odd (`optimistic.rs`).
 pub(crate) struct WriteGuard<'a> {
     pool: &'a BufferPool,
     pid: PageId,
     word: &'a AtomicU64,
+    version: &'a AtomicU64,
     /// See `ReadGuard`.
     _not_send: PhantomData<*const ()>,
 }
@@ -59,6 +63,8 @@ impl BufferPool {
     pub(crate) fn read(&self, pid: PageId) -> ReadGuard<'_> {
         let word = self.table.word(pid);
         latch::lock_shared(word);
+        #[cfg(all(test, not(shuttle)))]
+        self.read_locks.fetch_add(1, Ordering::Relaxed);
         ReadGuard {
             pool: self,
             pid,
@@ -71,12 +77,7 @@ impl BufferPool {
     pub(crate) fn write(&self, pid: PageId) -> WriteGuard<'_> {
         let word = self.table.word(pid);
         latch::lock_exclusive(word);
-        WriteGuard {
-            pool: self,
-            pid,
-            word,
-            _not_send: PhantomData,
-        }
+        WriteGuard::locked(self, pid)
     }
 
     /// Write-locks `pid` if nobody holds it.
@@ -85,12 +86,7 @@ impl BufferPool {
         let word = self.table.word(pid);
         // `then`, not `then_some`: a guard built eagerly would unlock on drop a lock we failed
         // to take.
-        latch::try_lock_exclusive(word).then(|| WriteGuard {
-            pool: self,
-            pid,
-            word,
-            _not_send: PhantomData,
-        })
+        latch::try_lock_exclusive(word).then(|| WriteGuard::locked(self, pid))
     }
 
     /// The payload of the block at `addr`, `size` from its header.
@@ -138,12 +134,7 @@ impl<'a> ReadGuard<'a> {
     /// Upgrades to the write lock if this is the only reader; otherwise gives this back.
     pub(crate) fn try_upgrade(self) -> Result<WriteGuard<'a>, ReadGuard<'a>> {
         if latch::try_upgrade(self.word) {
-            let guard = WriteGuard {
-                pool: self.pool,
-                pid: self.pid,
-                word: self.word,
-                _not_send: PhantomData,
-            };
+            let guard = WriteGuard::locked(self.pool, self.pid);
             std::mem::forget(self);
             Ok(guard)
         } else {
@@ -159,6 +150,20 @@ impl Drop for ReadGuard<'_> {
 }
 
 impl<'a> WriteGuard<'a> {
+    /// The guard for `pid`, whose write lock the caller just took: starts the write
+    /// (odd version) that `Drop` or `downgrade` ends.
+    pub(super) fn locked(pool: &'a BufferPool, pid: PageId) -> WriteGuard<'a> {
+        let entry = pool.table.entry(pid);
+        optimistic::begin_write(&entry.version);
+        WriteGuard {
+            pool,
+            pid,
+            word: &entry.word,
+            version: &entry.version,
+            _not_send: PhantomData,
+        }
+    }
+
     /// The page id.
     pub(crate) fn page_id(&self) -> PageId {
         self.pid
@@ -238,6 +243,7 @@ impl<'a> WriteGuard<'a> {
     /// Turns the write lock into a read lock without letting a writer in between.
     #[allow(dead_code)] // used by unit tests and the internals harness
     pub(crate) fn downgrade(self) -> ReadGuard<'a> {
+        optimistic::end_write(self.version);
         latch::downgrade(self.word);
         let guard = ReadGuard {
             pool: self.pool,
@@ -278,6 +284,7 @@ impl<'a> WriteGuard<'a> {
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
+        optimistic::end_write(self.version);
         latch::unlock_exclusive(self.word);
     }
 }

@@ -72,7 +72,6 @@ pub(super) fn lock_exclusive(word: &AtomicU64) {
 }
 
 /// One attempt at the write lock.
-#[allow(dead_code)] // used by unit tests and the internals harness
 pub(super) fn try_lock_exclusive(word: &AtomicU64) -> bool {
     let mut cur = word.load(Ordering::Relaxed);
     while cur & HOLDERS == 0 {

@@ -1,8 +1,9 @@
-//! The mapping table: `PageId` -> one lock-and-location word (paper §3.3).
+//! The mapping table: `PageId` -> one lock-and-location word (paper §3.3) and the page's
+//! version, which optimistic readers check (`optimistic.rs`).
 //!
-//! A segmented array: segment `k` holds `FIRST_SEGMENT << k` words and is allocated on first
-//! use, so the table grows without moving (or stopping) anyone holding a word. Removed ids
-//! go on a free list and are handed out again before new ones.
+//! A segmented array: segment `k` holds `FIRST_SEGMENT << k` entries and is allocated on
+//! first use, so the table grows without moving (or stopping) anyone holding an entry.
+//! Removed ids go on a free list and are handed out again before new ones.
 
 use std::sync::OnceLock;
 
@@ -14,11 +15,30 @@ const FIRST_SEGMENT: u64 = 1024;
 /// Enough segments for every `u32` id: ids below `FIRST_SEGMENT * (2^23 - 1)`.
 const SEGMENTS: usize = 23;
 
-/// The table. Every word starts vacant (zero: no location, unlocked).
+/// One page's entry. Both words share a cache line (16-byte alignment), so a reader that
+/// checks the version finds the location next to it.
+#[repr(C, align(16))]
+pub(super) struct Entry {
+    /// Location and lock (`latch.rs`).
+    pub(super) word: AtomicU64,
+    /// Odd while a writer holds the page, bumped again when it lets go (`optimistic.rs`).
+    pub(super) version: AtomicU64,
+}
+
+impl Entry {
+    fn vacant() -> Entry {
+        Entry {
+            word: AtomicU64::new(0),
+            version: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The table. Every word starts vacant (zero: no location, unlocked), every version at 0.
 pub(super) struct MappingTable {
     /// Lazily allocated segments. `OnceLock` initialization runs no shuttle operation (it only
     /// allocates), so it is atomic from the model checker's point of view.
-    segments: [OnceLock<Box<[AtomicU64]>>; SEGMENTS],
+    segments: [OnceLock<Box<[Entry]>>; SEGMENTS],
     /// Ids `>= next_id` have never been handed out.
     next_id: AtomicU32,
     /// Removed ids, reused before new ones (not on the read path: only inserts and removals).
@@ -47,14 +67,19 @@ impl MappingTable {
         self.exhausted.store(true, Ordering::Relaxed);
     }
 
-    /// The word of `pid`, allocating its segment if nobody has yet.
-    pub(super) fn word(&self, pid: PageId) -> &AtomicU64 {
+    /// The entry of `pid`, allocating its segment if nobody has yet.
+    pub(super) fn entry(&self, pid: PageId) -> &Entry {
         let n = u64::from(pid) / FIRST_SEGMENT + 1;
         let k = n.ilog2() as usize;
         let offset = (u64::from(pid) - FIRST_SEGMENT * ((1 << k) - 1)) as usize;
         let segment = self.segments[k]
-            .get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| AtomicU64::new(0)).collect());
+            .get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| Entry::vacant()).collect());
         &segment[offset]
+    }
+
+    /// The lock-and-location word of `pid`.
+    pub(super) fn word(&self, pid: PageId) -> &AtomicU64 {
+        &self.entry(pid).word
     }
 
     /// An id for a new entry: a removed one if any, else a fresh one. `None` when all 2^32

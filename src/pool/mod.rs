@@ -3,7 +3,9 @@
 //!
 //! Ownership story (what makes the safe API sound): a block's bytes are reachable only
 //! through a guard on the one page whose entry maps it (header state `READY`), or through
-//! the `NewBlock` / `DetachedBlock` token that holds it (`ALLOCATING` / `DETACHED`). Free
+//! the `NewBlock` / `DetachedBlock` token that holds it (`ALLOCATING` / `DETACHED`); an
+//! optimistic read (`optimistic.rs`) may load a mapped block's bytes without a guard, but
+//! keeps nothing it read unless the page's version proves no writer was in. Free
 //! blocks (`FREE`) belong to one free-list shard, under its lock. The head passes only
 //! tombstones an evictor claimed and finished with, so memory past the head is never
 //! reachable, and it is zeroed before the tail hands it out again.
@@ -22,6 +24,7 @@ mod guard;
 pub(crate) mod harness;
 mod latch;
 mod mapping;
+mod optimistic;
 mod ring;
 mod size;
 mod stats;
@@ -38,6 +41,7 @@ pub(crate) use evict::{EvictGuard, Evicted};
 pub(crate) use free_list::my_shard;
 pub(crate) use guard::{ReadGuard, WriteGuard};
 pub(crate) use latch::MAX_DISK_PAGE;
+pub(crate) use optimistic::{BlockView, OptimisticRead};
 pub(crate) use size::{block_size_for, largest_class_within};
 pub(crate) use stats::PoolStats;
 
@@ -91,6 +95,9 @@ pub(crate) struct BufferPool {
     counters: Counters,
     /// The configured size in bytes.
     capacity: usize,
+    /// Read locks taken (tests: which reads took the latch).
+    #[cfg(all(test, not(shuttle)))]
+    read_locks: std::sync::atomic::AtomicU64,
 }
 
 impl BufferPool {
@@ -125,6 +132,8 @@ impl BufferPool {
             table: MappingTable::new(),
             counters: Counters::default(),
             capacity,
+            #[cfg(all(test, not(shuttle)))]
+            read_locks: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -228,6 +237,23 @@ impl BufferPool {
     /// One more than the largest page id handed out so far.
     pub(crate) fn page_id_limit(&self) -> PageId {
         self.table.id_limit()
+    }
+
+    /// The lock word and the version of `pid`'s entry, as they are (tests: reads must leave
+    /// both alone).
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn entry_words(&self, pid: PageId) -> (u64, u64) {
+        let entry = self.table.entry(pid);
+        (
+            entry.word.load(Ordering::Relaxed),
+            entry.version.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Read locks taken so far (tests).
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn read_locks(&self) -> u64 {
+        self.read_locks.load(Ordering::Relaxed)
     }
 
     /// Every live entry and its location (tests). Takes each entry's read lock briefly.

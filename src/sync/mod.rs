@@ -12,6 +12,11 @@ pub(crate) use std::sync::Arc;
 #[allow(unused_imports)]
 pub(crate) use std::thread;
 
+#[cfg(not(shuttle))]
+pub(crate) use std::sync::atomic::fence;
+
+#[cfg(shuttle)]
+pub(crate) use shuttle::sync::atomic::fence;
 #[cfg(shuttle)]
 pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 #[cfg(shuttle)]

@@ -100,6 +100,23 @@ impl Index {
         }
     }
 
+    /// The structure version now, for a reader that validates a leaf without locking it
+    /// (`optimistic.rs`): read it before walking down.
+    #[inline]
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Whether no structure change was published since `version` was read. Checked after
+    /// the leaf's own validation: together they prove the leaf owned the key while it was
+    /// read, as holding its lock would.
+    #[inline]
+    pub(crate) fn unchanged_since(&self, version: u64) -> bool {
+        // The leaf's version check (a plain load) stays before this one.
+        sync::fence(Ordering::Acquire);
+        self.version.load(Ordering::Relaxed) == version
+    }
+
     /// The path to the leaf that owns `seek` now. Stable only while the caller holds that
     /// leaf's lock (or the structure lock).
     pub(crate) fn descend<'g>(&self, guard: &'g sync::EpochGuard, seek: Seek<'_>) -> Path<'g> {

@@ -66,6 +66,7 @@ mod leaf;
 mod merge;
 mod mirror;
 mod multi;
+mod optimistic;
 mod outline;
 mod page_batch;
 mod pages;

@@ -1,9 +1,10 @@
 //! Range scans: double-ended iterators that copy out one leaf at a time.
 //!
 //! An iterator holds no lock between calls: it remembers the next bound on each end, finds
-//! the leaf for it from the root, read-locks it, copies out the records in range (the
-//! mini-page merged over the disk leaf: newest wins, tombstones hide) into one reused buffer
-//! (`copied.rs`), and unlocks. Moving
+//! the leaf for it from the root, copies out the records in range into one reused buffer
+//! (`copied.rs`): from a validated copy of the leaf's mini-page, without its lock, when that
+//! decides the whole range (`optimistic.rs`), else under its read lock (the mini-page merged
+//! over the disk leaf: newest wins, tombstones hide). Moving
 //! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
 //! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
 //! a loop, never by recursion. `next_ref` lends records from that buffer; `next` copies
@@ -74,6 +75,8 @@ pub struct Range<'t> {
     back: Bound<Vec<u8>>,
     front_buf: Copied,
     back_buf: Copied,
+    /// A leaf's bytes as a refill without the leaf's lock copied them (`optimistic.rs`).
+    snapshot: Vec<u8>,
     /// Pages the front read ahead (`readahead.rs`).
     ahead: ReadAhead,
     /// Leaves the front has copied so far.
@@ -161,6 +164,7 @@ impl<'t> Range<'t> {
             upper,
             front_buf: Copied::default(),
             back_buf: Copied::default(),
+            snapshot: Vec::new(),
             ahead: ReadAhead::default(),
             front_refills: 0,
             front_pin: None,
@@ -187,29 +191,43 @@ impl<'t> Range<'t> {
                 Bound::Included(k) | Bound::Excluded(k) => Seek::Key(k),
             };
             self.front_pin = self.tree.blob_pin();
-            let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
-            let mut high = std::mem::take(&mut self.spare);
-            // Whether the range goes on past this leaf, into the one its high bound starts.
-            let goes_on = path.high_into(&mut high) && !past_end(&self.upper, &high);
             if let Some(k) = self.front_buf.last_taken_front() {
                 remember(&mut self.front_last, k);
             }
             self.front_buf.clear();
             self.front_buf.reserve_leaf(self.tree.page_size());
-            self.tree.collect_leaf(
-                &path,
-                page,
-                &self.front,
-                &self.upper,
+            let mut high = std::mem::take(&mut self.spare);
+            let copied = self.tree.collect_optimistic(
+                &guard,
+                seek,
+                (&self.front, &self.upper),
+                &mut self.snapshot,
                 &mut self.front_buf,
-                Some(Ahead {
-                    read: &mut self.ahead,
-                    guard: &guard,
-                    // Only a scan already past its first leaves reads ahead: a page read
-                    // for a scan that ends first is a read the device did for nothing.
-                    next: (self.front_refills >= READ_AHEAD_AFTER && goes_on).then_some(&high[..]),
-                }),
             )?;
+            // Whether the range goes on past this leaf, into the one its high bound starts.
+            let goes_on = if let Some(path) = copied {
+                path.high_into(&mut high) && !past_end(&self.upper, &high)
+            } else {
+                let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
+                let goes_on = path.high_into(&mut high) && !past_end(&self.upper, &high);
+                self.tree.collect_leaf(
+                    &path,
+                    page,
+                    &self.front,
+                    &self.upper,
+                    &mut self.front_buf,
+                    Some(Ahead {
+                        read: &mut self.ahead,
+                        guard: &guard,
+                        // Only a scan already past its first leaves reads ahead: a page
+                        // read for a scan that ends first is a read the device did for
+                        // nothing.
+                        next: (self.front_refills >= READ_AHEAD_AFTER && goes_on)
+                            .then_some(&high[..]),
+                    }),
+                )?;
+                goes_on
+            };
             self.tree.journal().check()?;
             if self.tree.rewind().batched_since(self.start) {
                 // This leaf's part of the range: from the front to its high bound.
@@ -249,22 +267,34 @@ impl<'t> Range<'t> {
                 Bound::Excluded(k) => Seek::Before(k),
             };
             self.back_pin = self.tree.blob_pin();
-            let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
-            let mut low = std::mem::take(&mut self.spare);
-            let has_low = path.low_into(&mut low);
             if let Some(k) = self.back_buf.last_taken_back() {
                 remember(&mut self.back_last, k);
             }
             self.back_buf.clear();
             self.back_buf.reserve_leaf(self.tree.page_size());
-            self.tree.collect_leaf(
-                &path,
-                page,
-                &self.lower,
-                &self.back,
+            let mut low = std::mem::take(&mut self.spare);
+            let copied = self.tree.collect_optimistic(
+                &guard,
+                seek,
+                (&self.lower, &self.back),
+                &mut self.snapshot,
                 &mut self.back_buf,
-                None,
             )?;
+            let has_low = if let Some(path) = copied {
+                path.low_into(&mut low)
+            } else {
+                let (path, page) = self.tree.index().read_leaf(self.tree.pool(), &guard, seek);
+                let has_low = path.low_into(&mut low);
+                self.tree.collect_leaf(
+                    &path,
+                    page,
+                    &self.lower,
+                    &self.back,
+                    &mut self.back_buf,
+                    None,
+                )?;
+                has_low
+            };
             self.tree.journal().check()?;
             if self.tree.rewind().batched_since(self.start) {
                 // This leaf's part of the range: from its low bound to the back.

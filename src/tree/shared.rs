@@ -234,6 +234,11 @@ impl Shared {
     pub(crate) fn get_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool> {
         out.clear();
         let guard = sync::pin();
+        if let Some(found) = self.get_optimistic(&guard, key, out) {
+            drop(guard);
+            self.journal.check().inspect_err(|_| out.clear())?;
+            return Ok(found);
+        }
         let (path, page) = self.index.read_leaf(&self.pool, &guard, Seek::Key(key));
         let lookup = self.get_in_leaf(&path, page, key, out);
         drop(guard);

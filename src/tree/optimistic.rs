@@ -1,0 +1,230 @@
+//! Reads that take no leaf lock (paper §4.1), with the pool's optimistic read
+//! (`pool/optimistic.rs`): a lookup searches the leaf's mini-page in place through
+//! `RacyNode` (`node/racy.rs`, which touches what a locked search would); a scan refilling
+//! its buffer copies the node's used bytes in two bulk copies and reads the copy. Both then
+//! validate against the leaf's version and the structure version, and keep the answer only
+//! if both held still. Nothing on this path stores to memory another thread reads: the lock
+//! word and the version stay as they were (the hit counters are striped per thread).
+//!
+//! The locked path (`None` from here) does the read instead when:
+//! - a writer holds the leaf, or one interfered with every attempt;
+//! - the answer needs the leaf page from disk: I/O may cache what it read, a write;
+//! - the answer meets pending merges (folded over the page's value, or by the operator).
+//!
+//! A lookup that finds a record whose reference bit is clear, or a block in the
+//! copy-on-access region, still answers from its read, then sets the bit or moves the block
+//! if it can take the leaf's write lock at once with the leaf unchanged since the read
+//! (`OptimisticRead::try_upgrade`), as a locked lookup does when it is the only reader.
+
+use std::ops::Bound;
+
+use super::copied::{copy_present, fold_alone, Copied};
+use super::inner::{Path, Seek};
+use super::stats::Event;
+use super::{Shared, NO_PAGE};
+use crate::error::Result;
+use crate::node::{NodeKind, NodeMut, NodeRef, RacyNode, RecordKind, Search, Words};
+use crate::pool::{BlockView, Location, OptimisticRead};
+use crate::sync::EpochGuard;
+
+/// Attempts before a read takes the lock: a writer that interferes twice in a row is busy
+/// with the leaf, and waiting on its lock beats reading the leaf again.
+const TRIES: u32 = 2;
+
+impl Words for BlockView<'_> {
+    #[inline]
+    fn word(&self, i: usize) -> u64 {
+        self.load_word(i)
+    }
+
+    #[inline]
+    fn copy(&self, at: usize, len: usize, out: &mut Vec<u8>) {
+        self.copy_bytes(at, len, out);
+    }
+}
+
+/// The mini-page `read` found.
+fn racy<'p>(read: &OptimisticRead<'p>) -> Option<RacyNode<BlockView<'p>>> {
+    let block = read.block()?;
+    Some(RacyNode::new(block.len(), block))
+}
+
+/// Whether a node decides every key in its range: a full-page mirror, or a mini-page with
+/// no page below.
+fn decides_all<L: Words>(node: &RacyNode<L>) -> bool {
+    node.kind() == Some(NodeKind::Leaf) || node.disk_page().is_none_or(|p| p == NO_PAGE)
+}
+
+impl Shared {
+    /// [`Shared::get_into`] answered from the leaf's mini-page without locking it:
+    /// `Some(found)`, the value in `out` (empty on entry), or `None` when the locked path
+    /// must answer (module docs), with `out` empty again.
+    pub(super) fn get_optimistic(
+        &self,
+        guard: &EpochGuard,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<bool> {
+        for _ in 0..TRIES {
+            let version = self.index().version();
+            let pid = self.index().descend(guard, Seek::Key(key)).leaf();
+            let read = self.pool().read_optimistic(pid)?;
+            let Location::Mini(addr) = read.location() else {
+                return None;
+            };
+            let Some(node) = racy(&read) else {
+                continue;
+            };
+            // What `get_in_leaf` would answer from this node (`None` where it would read the
+            // page from disk), and the record it found.
+            let answer = match node.search(key) {
+                Search::Found(i) => {
+                    let record = node.record(i);
+                    match record.kind() {
+                        RecordKind::Upsert => None,
+                        kind => {
+                            if kind.exists() {
+                                node.value_into(record, out);
+                            }
+                            Some((kind.exists(), Some((i, record.ref_bit()))))
+                        }
+                    }
+                }
+                // A full-page mirror holds every record of its leaf; a mini-page with no
+                // page below is the whole leaf.
+                Search::NotFound(_) if decides_all(&node) => Some((false, None)),
+                Search::NotFound(_) => None,
+            };
+            if !(read.validate() && self.index().unchanged_since(version)) {
+                out.clear();
+                continue;
+            }
+            let (found, record) = answer?;
+            if record.is_some() || node.kind() == Some(NodeKind::Leaf) {
+                self.counters().count(Event::CacheHit);
+            }
+            if let Some((i, referenced)) = record {
+                // As `get_in_leaf` does: mark the record referenced and move a block near
+                // the head to the tail, best effort, as only a write can.
+                let move_to_tail = self.pool().is_copy_on_access(addr);
+                if !referenced || move_to_tail {
+                    if let Some(mut w) = read.try_upgrade() {
+                        if let Some(bytes) = w.mini_mut() {
+                            NodeMut::from_bytes(bytes).set_ref_bit(i, true);
+                        }
+                        if move_to_tail {
+                            self.copy_to_tail(&mut w);
+                        }
+                    }
+                }
+            }
+            return Some(found);
+        }
+        None
+    }
+
+    /// A scan's refill from the leaf for `seek` without locking it, when its mini-page
+    /// decides every key in its range (a full-page mirror, or a mini-page with no page
+    /// below): copies the node's used bytes into `snap` (one bulk copy, cheaper than
+    /// reading record by record), validates, and copies the records between `start` and
+    /// `end` from there into `out` (empty on entry). Returns the path to the leaf, or `None`,
+    /// with `out` empty, when the locked path must do it.
+    ///
+    /// # Errors
+    /// What the merge operator returns for a pending merge in a mini-page with no page below.
+    pub(super) fn collect_optimistic<'g>(
+        &self,
+        guard: &'g EpochGuard,
+        seek: Seek<'_>,
+        (start, end): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        snap: &mut Vec<u8>,
+        out: &mut Copied,
+    ) -> Result<Option<Path<'g>>> {
+        for _ in 0..TRIES {
+            let version = self.index().version();
+            let path = self.index().descend(guard, seek);
+            let Some(read) = self.pool().read_optimistic(path.leaf()) else {
+                return Ok(None);
+            };
+            if !matches!(read.location(), Location::Mini(_)) {
+                return Ok(None);
+            }
+            let Some(block) = read.block() else {
+                continue;
+            };
+            let (metas_end, data_start) = RacyNode::new(block.len(), block).used_extent();
+            snap.resize(block.len(), 0);
+            block.copy_to(0, &mut snap[..metas_end]);
+            block.copy_to(data_start, &mut snap[data_start..]);
+            if !(read.validate() && self.index().unchanged_since(version)) {
+                continue;
+            }
+            let node = NodeRef::from_bytes(snap);
+            if node.kind() == NodeKind::Leaf {
+                self.counters().count(Event::CacheHit);
+                copy_present(node, start, end, out);
+            } else if node.disk_page().is_none_or(|p| p == NO_PAGE) {
+                fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
+            } else {
+                return Ok(None);
+            }
+            return Ok(Some(path));
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use crate::{Config, Tree};
+
+    /// Every entry's lock word and version.
+    fn entries(tree: &Tree) -> Vec<(u64, u64)> {
+        let pool = tree.shared().pool();
+        (0..pool.page_id_limit())
+            .map(|pid| pool.entry_words(pid))
+            .collect()
+    }
+
+    #[test]
+    fn lookups_and_scans_store_nothing_to_their_leaves() {
+        // No copy-on-access region: a lookup there moves the block, a write by design.
+        let config = Config::in_memory()
+            .cache_size(8 << 20)
+            .second_chance_percent(0);
+        let tree = Tree::open(config).unwrap();
+        let n = 5000u32;
+        for i in 0..n {
+            tree.insert(i.to_be_bytes(), [7u8; 24]).unwrap();
+        }
+        assert!(tree.stats().splits > 10, "too few leaves to mean anything");
+        let read_all = || {
+            let mut value = Vec::new();
+            for i in 0..n {
+                assert!(tree.get_into(i.to_be_bytes(), &mut value).unwrap());
+                assert_eq!(value, [7u8; 24]);
+            }
+            assert!(!tree.get_into(n.to_be_bytes(), &mut value).unwrap());
+            assert_eq!(tree.iter().count(), n as usize);
+            assert_eq!(tree.range(..100u32.to_be_bytes()).rev().count(), 100);
+        };
+        // The first lookup of a record marks it referenced: a write.
+        read_all();
+        let before = entries(&tree);
+        let (hits, locks) = (tree.stats().cache_hits, tree.shared().pool().read_locks());
+        read_all();
+        assert!(tree.stats().cache_hits >= hits + u64::from(n));
+        assert_eq!(
+            entries(&tree),
+            before,
+            "a read stored to a lock word or version"
+        );
+        assert_eq!(
+            tree.shared().pool().read_locks(),
+            locks,
+            "a read took a leaf's lock (a store to its word, however brief)"
+        );
+        tree.insert(0u32.to_be_bytes(), [8u8; 24]).unwrap();
+        assert_ne!(entries(&tree), before, "a write leaves a trace");
+    }
+}
