@@ -91,7 +91,8 @@ impl Ring {
     pub(super) fn new(capacity: usize) -> Result<Ring> {
         let mut map =
             MmapMut::map_anon(capacity).map_err(|e| Error::io("<anonymous mapping>", e))?;
-        #[cfg(target_os = "linux")]
+        // Miri cannot run `madvise`; the advice changes no behaviour it could check.
+        #[cfg(all(target_os = "linux", not(miri)))]
         let _ = map.advise(memmap2::Advice::HugePage);
         let base = NonNull::new(map.as_mut_ptr()).ok_or(Error::InvalidConfig {
             reason: "the circular buffer mapping returned a null address",
