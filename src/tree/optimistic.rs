@@ -152,7 +152,12 @@ impl Shared {
             let Some(block) = read.block() else {
                 continue;
             };
-            let (metas_end, data_start) = RacyNode::new(block.len(), block).used_extent();
+            let racy = RacyNode::new(block.len(), block);
+            if !decides_all(&racy) {
+                // The disk page is needed (or the header was torn): the locked path decides.
+                return Ok(None);
+            }
+            let (metas_end, data_start) = racy.used_extent();
             snap.resize(block.len(), 0);
             block.copy_to(0, &mut snap[..metas_end]);
             block.copy_to(data_start, &mut snap[data_start..]);
