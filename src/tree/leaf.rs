@@ -188,12 +188,7 @@ impl Shared {
                 if needs_ref || move_to_tail {
                     // Best effort: only when no other reader holds the leaf.
                     if let Ok(mut w) = page.try_upgrade() {
-                        if let Some(bytes) = w.mini_mut() {
-                            NodeMut::from_bytes(bytes).set_ref_bit(i, true);
-                        }
-                        if move_to_tail {
-                            self.copy_to_tail(&mut w);
-                        }
+                        self.touch(&mut w, i, move_to_tail);
                     }
                 }
                 return Ok(lookup);
@@ -238,6 +233,18 @@ impl Shared {
             }
             Ok(lookup)
         })
+    }
+
+    /// What a lookup that found record `i` of a mini-page does once it holds the leaf's
+    /// write lock: marks the record referenced and, if its block is near the head
+    /// (`move_to_tail`), copies the mini-page to the tail.
+    pub(super) fn touch<'p>(&'p self, page: &mut WriteGuard<'p>, i: usize, move_to_tail: bool) {
+        if let Some(bytes) = page.mini_mut() {
+            NodeMut::from_bytes(bytes).set_ref_bit(i, true);
+        }
+        if move_to_tail {
+            self.copy_to_tail(page);
+        }
     }
 
     /// The value of `key` in a write-locked leaf, read from its disk page if the buffered

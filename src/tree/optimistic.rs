@@ -23,7 +23,7 @@ use super::inner::{Path, Seek};
 use super::stats::Event;
 use super::{Shared, NO_PAGE};
 use crate::error::Result;
-use crate::node::{NodeKind, NodeMut, NodeRef, RacyNode, RecordKind, Search, Words};
+use crate::node::{NodeKind, NodeRef, RacyNode, RecordKind, Search, Words};
 use crate::pool::{BlockView, Location, OptimisticRead};
 use crate::sync::EpochGuard;
 
@@ -109,12 +109,7 @@ impl Shared {
                 let move_to_tail = self.pool().is_copy_on_access(addr);
                 if !referenced || move_to_tail {
                     if let Some(mut w) = read.try_upgrade() {
-                        if let Some(bytes) = w.mini_mut() {
-                            NodeMut::from_bytes(bytes).set_ref_bit(i, true);
-                        }
-                        if move_to_tail {
-                            self.copy_to_tail(&mut w);
-                        }
+                        self.touch(&mut w, i, move_to_tail);
                     }
                 }
             }
