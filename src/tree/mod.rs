@@ -26,8 +26,9 @@
 //! - Inner nodes are immutable; structure changes (leaf split, leaf removal) build a new root
 //!   and publish it under the structure lock, then bump the structure version before the
 //!   leaf lock of the changed leaf is released (`index.rs`). A reader reads the version,
-//!   walks down, locks the leaf, and re-reads the version: if it moved, the leaf it locked
-//!   may no longer own the key, so it unlocks and restarts.
+//!   walks down, locks the leaf, and re-reads the version: if it moved, it walks the current
+//!   root again, and keeps the leaf if that walk reaches it (only a change of the leaf itself,
+//!   made under its lock, takes keys from it); otherwise it unlocks and goes to the new one.
 //! - Lock order: leaf lock, then the structure lock. A thread that holds a leaf lock only
 //!   ever *tries* the structure lock; when that fails it releases everything and restarts.
 //!   Only a batch commit (`commit.rs`) waits for a leaf lock while holding others, and it

@@ -2,8 +2,9 @@
 //! (`pool/optimistic.rs`): a lookup searches the leaf's mini-page in place through
 //! `RacyNode` (`node/racy.rs`, which touches what a locked search would); a scan refilling
 //! its buffer copies the node's used bytes in two bulk copies and reads the copy. Both then
-//! validate against the leaf's version and the structure version, and keep the answer only
-//! if both held still. Nothing on this path stores to memory another thread reads: the lock
+//! validate against the leaf's version, and keep the answer only if it held still and the
+//! leaf owned the key meanwhile (`Index::settle`: a structure change elsewhere costs one
+//! more walk down, validated again). Nothing on this path stores to memory another thread reads: the lock
 //! word and the version stay as they were (the hit counters are striped per thread).
 //!
 //! The locked path (`None` from here) does the read instead when:
@@ -19,6 +20,7 @@
 use std::ops::Bound;
 
 use super::copied::{copy_present, fold_alone, Copied};
+use super::index::Owner;
 use super::inner::{Path, Seek};
 use super::stats::Event;
 use super::{Shared, NO_PAGE};
@@ -56,6 +58,29 @@ fn decides_all<L: Words>(node: &RacyNode<L>) -> bool {
 }
 
 impl Shared {
+    /// Whether `read`, of the leaf `path` reached from structure `version`, holds: nothing
+    /// wrote the leaf while it was read, and the leaf owned `seek` meanwhile (`index.rs`).
+    /// Returns the path in the root that proved it.
+    #[inline]
+    fn holds<'g>(
+        &self,
+        guard: &'g EpochGuard,
+        seek: Seek<'_>,
+        path: Path<'g>,
+        version: u64,
+        read: &OptimisticRead<'_>,
+    ) -> Option<Path<'g>> {
+        if !read.validate() {
+            return None;
+        }
+        match self.index().settle(guard, seek, path, version) {
+            Owner::Unchanged(path) => Some(path),
+            // The second walk proves ownership only if it fell inside the validated read.
+            Owner::Rechecked(path) => read.validate().then_some(path),
+            Owner::Moved(..) => None,
+        }
+    }
+
     /// [`Shared::get_into`] answered from the leaf's mini-page without locking it:
     /// `Some(found)`, the value in `out` (empty on entry), or `None` when the locked path
     /// must answer (module docs), with `out` empty again.
@@ -66,9 +91,8 @@ impl Shared {
         out: &mut Vec<u8>,
     ) -> Option<bool> {
         for _ in 0..TRIES {
-            let version = self.index().version();
-            let pid = self.index().descend(guard, Seek::Key(key)).leaf();
-            let read = self.pool().read_optimistic(pid)?;
+            let (version, path) = self.index().walk(guard, Seek::Key(key));
+            let read = self.pool().read_optimistic(path.leaf())?;
             let Location::Mini(addr) = read.location() else {
                 return None;
             };
@@ -95,7 +119,10 @@ impl Shared {
                 Search::NotFound(_) if decides_all(&node) => Some((false, None)),
                 Search::NotFound(_) => None,
             };
-            if !(read.validate() && self.index().unchanged_since(version)) {
+            if self
+                .holds(guard, Seek::Key(key), path, version, &read)
+                .is_none()
+            {
                 out.clear();
                 continue;
             }
@@ -136,8 +163,7 @@ impl Shared {
         out: &mut Copied,
     ) -> Result<Option<Path<'g>>> {
         for _ in 0..TRIES {
-            let version = self.index().version();
-            let path = self.index().descend(guard, seek);
+            let (version, path) = self.index().walk(guard, seek);
             let Some(read) = self.pool().read_optimistic(path.leaf()) else {
                 return Ok(None);
             };
@@ -156,9 +182,9 @@ impl Shared {
             snap.resize(block.len(), 0);
             block.copy_to(0, &mut snap[..metas_end]);
             block.copy_to(data_start, &mut snap[data_start..]);
-            if !(read.validate() && self.index().unchanged_since(version)) {
+            let Some(path) = self.holds(guard, seek, path, version, &read) else {
                 continue;
-            }
+            };
             let node = NodeRef::from_bytes(snap);
             if node.kind() == NodeKind::Leaf {
                 self.counters().count(Event::CacheHit);

@@ -1,6 +1,7 @@
 //! Model-checked interleavings of tree operations (shuttle): an insert racing a leaf split,
 //! a get racing eviction, scans racing a split and a leaf removal, two writers racing the
-//! growth of one mini-page, lock-free reads racing writers to their leaf. Each scenario ends with the structural checker and a comparison
+//! growth of one mini-page, lock-free reads racing writers to their leaf, reads racing a
+//! split of another leaf. Each scenario ends with the structural checker and a comparison
 //! of the whole tree with what the threads acknowledged.
 
 use std::collections::BTreeMap;
@@ -590,4 +591,72 @@ fn optimistic_reads_race_writers() {
 fn shuttle_optimistic_reads_race_writers() {
     shuttle::check_random(optimistic_reads_race_writers, 300);
     shuttle::check_pct(optimistic_reads_race_writers, 300, 3);
+}
+
+/// Structure changes that readers saw and walked past, over every schedule of
+/// `splits_elsewhere_restart_no_reader` (shuttle counts nothing across runs).
+static RECHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A writer splits the last leaf while a reader looks up and scans the first (locked and
+/// lock-free paths alike): the reader may have to walk the index again, but never lets go of
+/// its leaf (`Index::settle`), since no change took a key from it.
+fn splits_elsewhere_restart_no_reader() {
+    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let mut expected = BTreeMap::new();
+    for i in 0..24u8 {
+        let k = vec![b'k', i * 2];
+        let v = val(&k, 0, 300);
+        tree.insert(&k, &v).expect("insert");
+        expected.insert(k, v);
+    }
+    let index = tree.shared().index();
+    let leaves = index.leaves();
+    assert!(leaves.len() >= 2, "setup made one leaf");
+    let first_high = leaves[1].0.clone();
+    let first: Vec<Kv> = expected
+        .range(..first_high.clone())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let splits = tree.stats().splits;
+    let writer = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            // 14 values of 300 bytes overflow a 4 KiB leaf: the last leaf splits.
+            (0..14u8)
+                .map(|j| {
+                    let k = vec![b'z', j];
+                    let v = val(&k, 1, 300);
+                    tree.insert(&k, &v).expect("insert");
+                    (k, v)
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let reader = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            for (k, v) in first.iter().step_by(2) {
+                assert_eq!(tree.get(k).expect("get").as_ref(), Some(v), "lost {k:?}");
+            }
+            let seen: Vec<Kv> = tree.range(..first_high).map(|r| r.expect("scan")).collect();
+            assert_eq!(seen, first, "a scan of the first leaf went wrong");
+        })
+    };
+    expected.extend(writer.join().expect("writer"));
+    reader.join().expect("reader");
+    assert!(tree.stats().splits > splits, "the writer split nothing");
+    let (rechecks, restarts) = index.settles();
+    assert_eq!(restarts, 0, "a split of another leaf restarted a reader");
+    RECHECKS.fetch_add(rechecks, std::sync::atomic::Ordering::Relaxed);
+    check_final(&tree, &expected);
+}
+
+#[test]
+fn shuttle_splits_elsewhere_restart_no_reader() {
+    shuttle::check_random(splits_elsewhere_restart_no_reader, 500);
+    shuttle::check_pct(splits_elsewhere_restart_no_reader, 500, 3);
+    assert!(
+        RECHECKS.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no schedule split a leaf while a read was in flight"
+    );
 }
