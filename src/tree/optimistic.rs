@@ -4,8 +4,9 @@
 //! its buffer copies the node's used bytes in two bulk copies and reads the copy. Both then
 //! validate against the leaf's version, and keep the answer only if it held still and the
 //! leaf owned the key meanwhile (`Index::settle`: a structure change elsewhere costs one
-//! more walk down, validated again). Nothing on this path stores to memory another thread reads: the lock
-//! word and the version stay as they were (the hit counters are striped per thread).
+//! more walk down, validated again). Nothing on this path stores to memory another thread
+//! reads: the lock word and the version stay as they were (the hit counters are striped per
+//! thread).
 //!
 //! The locked path (`None` from here) does the read instead when:
 //! - a writer holds the leaf, or one interfered with every attempt;
