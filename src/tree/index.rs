@@ -10,8 +10,9 @@
 //! `optimistic.rs`), and settles with [`Index::settle`]:
 //! - the version has not moved: the leaf it walked to owns the key;
 //! - it moved: it walks the current root again. The current root reflects every change that
-//!   took keys from the leaf before the reader's lock (or version read), so if it still
-//!   routes the key to this leaf, the leaf owns it for as long as the reader holds it. Only
+//!   took keys from the leaf before the reader locked it (or read the leaf's version), so if
+//!   it still routes the key to this leaf, the leaf owns it for as long as the reader holds
+//!   it (or until the leaf's version moves). Only
 //!   a change that moved the key elsewhere (a split or removal of this very leaf) makes the
 //!   reader let go and try the leaf the new walk found. A change elsewhere in the tree costs
 //!   the readers in flight one more walk down, not a restart.
