@@ -1,6 +1,7 @@
 //! Heap allocations on the read paths, counted by a global allocator: a lookup answered
 //! from memory with `get_into` allocates nothing, and a scan with `next_ref` allocates
-//! nothing per record (only while its buffers grow to a leaf's size).
+//! nothing per record (only while its buffers grow to a leaf's size, which the next scan
+//! on the thread reuses).
 //!
 //! The counter is per thread, so the tree's background threads do not disturb it.
 
@@ -133,6 +134,18 @@ fn scans_allocate_nothing_per_record(tree: &Tree) {
             scan.next_ref().expect("record").expect("read");
         }
     });
+    // The next iterator on this thread takes the buffers the last one left: it allocates
+    // fewer times, and a handful at most (its bounds and the like, none for records).
+    let (again, ()) = allocations_in(|| {
+        let mut scan = tree.range(key(3)..);
+        for _ in 0..10 {
+            scan.next_ref().expect("record").expect("read");
+        }
+    });
+    assert!(
+        again < short && again <= 4,
+        "a 10-record scan after another made {again} allocations (the first {short})"
+    );
     let (whole, seen) = allocations_in(|| {
         let mut scan = tree.iter();
         let mut seen = 0u64;

@@ -31,6 +31,11 @@ impl Copied {
         self.spans.is_empty()
     }
 
+    /// Bytes of memory held.
+    pub(super) fn capacity(&self) -> usize {
+        self.bytes.capacity() + self.spans.capacity() * std::mem::size_of::<(usize, usize, usize)>()
+    }
+
     /// Forgets the records, keeping the memory for the next leaf.
     pub(super) fn clear(&mut self) {
         self.bytes.clear();

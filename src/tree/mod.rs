@@ -77,6 +77,7 @@ mod power_tests;
 mod readahead;
 mod rewind;
 mod scan;
+mod scan_buffers;
 mod shared;
 #[cfg(all(test, shuttle))]
 mod shuttle_tests;

@@ -8,7 +8,8 @@
 //! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
 //! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
 //! a loop, never by recursion. `next_ref` lends records from that buffer; `next` copies
-//! them out. A long ascending scan reads the next leaf's page ahead (`readahead.rs`).
+//! them out. A long ascending scan reads the next leaf's page ahead (`readahead.rs`). The
+//! buffers pass from a dropped iterator to the next one on its thread (`scan_buffers.rs`).
 
 use std::ops::Bound;
 
@@ -18,6 +19,7 @@ use super::inner::{Path, Seek};
 use super::keyspace::{Entered, Space};
 use super::leaf::with_page_buf;
 use super::readahead::ReadAhead;
+use super::scan_buffers::ScanBuffers;
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, NO_PAGE};
 use crate::error::Result;
@@ -154,6 +156,12 @@ impl<'t> Range<'t> {
             | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
             _ => false,
         };
+        let ScanBuffers {
+            front: front_buf,
+            back: back_buf,
+            snapshot,
+            spare,
+        } = ScanBuffers::take();
         Range {
             tree,
             space,
@@ -162,16 +170,16 @@ impl<'t> Range<'t> {
             back: upper.clone(),
             lower,
             upper,
-            front_buf: Copied::default(),
-            back_buf: Copied::default(),
-            snapshot: Vec::new(),
+            front_buf,
+            back_buf,
+            snapshot,
             ahead: ReadAhead::default(),
             front_refills: 0,
             front_pin: None,
             back_pin: None,
             values: Values::Read,
             blob_value: Vec::new(),
-            spare: Vec::new(),
+            spare,
             front_last: None,
             back_last: None,
             front_done: empty,
@@ -463,6 +471,12 @@ impl std::iter::FusedIterator for Range<'_> {}
 impl Drop for Range<'_> {
     fn drop(&mut self) {
         self.tree.rewind().end_scan(self.start);
+        ScanBuffers::give_back(ScanBuffers {
+            front: std::mem::take(&mut self.front_buf),
+            back: std::mem::take(&mut self.back_buf),
+            snapshot: std::mem::take(&mut self.snapshot),
+            spare: std::mem::take(&mut self.spare),
+        });
     }
 }
 
