@@ -1,7 +1,8 @@
 //! Reads that take no leaf lock (paper §4.1), with the pool's optimistic read
 //! (`pool/optimistic.rs`): a lookup searches the leaf's mini-page in place through
 //! `RacyNode` (`node/racy.rs`, which touches what a locked search would); a scan refilling
-//! its buffer copies the node's used bytes in two bulk copies and reads the copy. Both then
+//! its buffer copies the node's used bytes in two bulk copies and, once the copy validated,
+//! reads a full-page mirror's records from it in place (`Copied::adopt`). Both then
 //! validate against the leaf's version, and keep the answer only if it held still and the
 //! leaf owned the key meanwhile (`Index::settle`: a structure change elsewhere costs one
 //! more walk down, validated again). Nothing on this path stores to memory another thread
@@ -186,11 +187,16 @@ impl Shared {
             let Some(path) = self.holds(guard, seek, path, version, &read) else {
                 continue;
             };
-            let node = NodeRef::from_bytes(snap);
-            if node.kind() == NodeKind::Leaf {
+            if NodeRef::from_bytes(snap).kind() == NodeKind::Leaf {
                 self.counters().count(Event::CacheHit);
-                copy_present(node, start, end, out);
-            } else if node.disk_page().is_none_or(|p| p == NO_PAGE) {
+                // The copy is this scan's own: read its records in place.
+                if !out.adopt(snap, start, end) {
+                    copy_present(NodeRef::from_bytes(snap), start, end, out);
+                }
+                return Ok(Some(path));
+            }
+            let node = NodeRef::from_bytes(snap);
+            if node.disk_page().is_none_or(|p| p == NO_PAGE) {
                 fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
             } else {
                 return Ok(None);
