@@ -91,7 +91,7 @@ impl Copied {
         start: &Bound<Vec<u8>>,
         end: &Bound<Vec<u8>>,
     ) -> bool {
-        if !self.spans.is_empty() || self.adopted {
+        if !self.bytes.is_empty() || !self.spans.is_empty() || self.adopted {
             return false;
         }
         let n = NodeRef::from_bytes(node);
@@ -222,10 +222,11 @@ impl Copied {
             let i = leaf.next;
             leaf.next += 1;
             leaf.took_front = true;
-            let node = NodeRef::from_bytes(&leaf.node);
+            let (slot, suffix_len) = NodeRef::from_bytes(&leaf.node).record_slot(i);
+            let (suffix, value) = slot.split_at(suffix_len);
             leaf.front.truncate(leaf.prefix_len);
-            leaf.front.extend_from_slice(node.key_suffix(i));
-            return Some((&leaf.front, node.value(i)));
+            leaf.front.extend_from_slice(suffix);
+            return Some((&leaf.front, value));
         }
         let (at, k, v) = self.spans.pop_front()?;
         self.taken_front = Some((at, k));
@@ -242,10 +243,11 @@ impl Copied {
             leaf.end -= 1;
             let i = leaf.end;
             leaf.took_back = true;
-            let node = NodeRef::from_bytes(&leaf.node);
+            let (slot, suffix_len) = NodeRef::from_bytes(&leaf.node).record_slot(i);
+            let (suffix, value) = slot.split_at(suffix_len);
             leaf.back.truncate(leaf.prefix_len);
-            leaf.back.extend_from_slice(node.key_suffix(i));
-            return Some((&leaf.back, node.value(i)));
+            leaf.back.extend_from_slice(suffix);
+            return Some((&leaf.back, value));
         }
         let (at, k, v) = self.spans.pop_back()?;
         self.taken_back = Some((at, k));

@@ -348,10 +348,11 @@ impl<'t> Range<'t> {
     }
 
     /// The next record from the front, borrowed from the iterator: what
-    /// [`next`](Iterator::next) yields, without copying it into vectors of its own. The
-    /// records of a leaf are copied once, into a buffer the iterator reuses from leaf to
-    /// leaf, so a scan of records in memory allocates nothing per record (and, once its
-    /// buffers have grown to a leaf's size, nothing per leaf). The same iterator can mix
+    /// [`next`](Iterator::next) yields, without copying it into vectors of its own. A leaf
+    /// is copied once, into buffers the iterator reuses from leaf to leaf (and leaves to the
+    /// next iterator on its thread), and its records are lent from there, so a scan of
+    /// records in memory allocates nothing per record (and, once its buffers have grown to
+    /// a leaf's size, nothing per leaf). The same iterator can mix
     /// `next_ref`, `next_back_ref` and the owned methods.
     ///
     /// ```
