@@ -222,11 +222,7 @@ impl Copied {
             let i = leaf.next;
             leaf.next += 1;
             leaf.took_front = true;
-            let (slot, suffix_len) = NodeRef::from_bytes(&leaf.node).record_slot(i);
-            let (suffix, value) = slot.split_at(suffix_len);
-            leaf.front.truncate(leaf.prefix_len);
-            leaf.front.extend_from_slice(suffix);
-            return Some((&leaf.front, value));
+            return Some(lend_record(&leaf.node, i, &mut leaf.front, leaf.prefix_len));
         }
         let (at, k, v) = self.spans.pop_front()?;
         self.taken_front = Some((at, k));
@@ -243,16 +239,27 @@ impl Copied {
             leaf.end -= 1;
             let i = leaf.end;
             leaf.took_back = true;
-            let (slot, suffix_len) = NodeRef::from_bytes(&leaf.node).record_slot(i);
-            let (suffix, value) = slot.split_at(suffix_len);
-            leaf.back.truncate(leaf.prefix_len);
-            leaf.back.extend_from_slice(suffix);
-            return Some((&leaf.back, value));
+            return Some(lend_record(&leaf.node, i, &mut leaf.back, leaf.prefix_len));
         }
         let (at, k, v) = self.spans.pop_back()?;
         self.taken_back = Some((at, k));
         Some((&self.bytes[at..at + k], &self.bytes[at + k..at + k + v]))
     }
+}
+
+/// Record `i` of an adopted leaf's `node`: its value in place, its key written into `key`
+/// after the node's prefix (the first `prefix_len` bytes of `key`).
+fn lend_record<'a>(
+    node: &'a [u8],
+    i: usize,
+    key: &'a mut Vec<u8>,
+    prefix_len: usize,
+) -> (&'a [u8], &'a [u8]) {
+    let (slot, suffix_len) = NodeRef::from_bytes(node).record_slot(i);
+    let (suffix, value) = slot.split_at(suffix_len);
+    key.truncate(prefix_len);
+    key.extend_from_slice(suffix);
+    (key, value)
 }
 
 /// The indexes of `node`'s records between `start` and `end`.
