@@ -173,7 +173,7 @@ impl Drop for Background {
 
 fn run_checkpointer(tree: &Shared, control: &Control) {
     while !control.stopped() {
-        if tree.wants_checkpoint() && tree.checkpoint().is_err() {
+        if tree.wants_checkpoint() && tree.checkpoint_fuzzy().is_err() {
             // A failed checkpoint changes nothing durable; try again later. Writers keep
             // logging meanwhile, and `flush`/`close` report the error to a caller.
             std::thread::sleep(BACKOFF_ON_ERROR);

@@ -386,6 +386,12 @@ impl Blobs {
         self.checkpoints.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    /// Whether any extent was ever in use in this tree's life (since the last open that
+    /// found none).
+    pub(crate) fn ever_used(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
     /// The extents the checkpoint whose leaves live in `pages` references.
     pub(crate) fn table(&self, pages: impl Iterator<Item = u64>) -> Vec<TableEntry> {
         if !self.any.load(Ordering::Acquire) {

@@ -1,5 +1,20 @@
-//! A checkpoint's passes over the buffered leaves: each dirty leaf is written back (to a new
-//! page, `evict.rs`) and its cached node kept, marked clean.
+//! A checkpoint's passes over the buffered leaves: each dirty leaf it chooses is written back
+//! (to a new page, `evict.rs`) and its cached node kept, marked clean.
+//!
+//! **Which leaves.** A full checkpoint (`Tree::checkpoint`, `close`, and every checkpoint of
+//! a tree that does not log writes or holds large values) writes every dirty leaf, and
+//! replay starts at the LSN it took. A fuzzy one (the background checkpointer's) picks an
+//! earlier start the log still holds, `from`, and writes only the dirty leaves that
+//! `PageTracker::may_stay_dirty` refuses: those without a page, those whose bounds changed
+//! since it was written, and those that may lack a write logged before `from`. Every other
+//! dirty leaf is listed with its page and that page's image LSN, and replay from `from`
+//! applies what it lacks. So a checkpoint writes what stayed dirty for longer than the log
+//! it keeps, not the whole cache, and checkpoints can run as often as freeing superseded
+//! pages needs (`Shared::wants_checkpoint`). Without a dirty leaf left, replay starts at
+//! the checkpoint's own LSN.
+//!
+//! Trees with large values stay on full checkpoints: an extent only a dirty leaf references
+//! would be in no checkpoint's table (`blob.rs`), and would be freed.
 //!
 //! Leaves are written in batches, and no leaf stays locked while its page is read or
 //! written. A pass first looks at leaves under read locks until `BATCH` of them need a
@@ -30,14 +45,68 @@
 use super::evict::{needs_write_back, Action, AfterWrite};
 use super::index::SmoGuard;
 use super::page_batch::{Image, PageBatch};
+use super::pages::Inspections;
 use super::{Attempt, Shared, Step, FLAG_DIRTY};
 use crate::error::Result;
 use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind, Search};
 use crate::pool::{Location, PageId, WriteGuard};
+use crate::wal::Lsn;
 
 /// Leaves a pass reads with one `read_batch` and writes with one `write_batch`: enough for
 /// the device to work on many at once.
 pub(super) const BATCH: usize = 32;
+
+/// A checkpoint is wanted once the pages superseded since the last one reach this share
+/// (1/n) of the pages it references (`Shared::wants_checkpoint`), and a round of a full
+/// checkpoint writes at most that share of them: the data file then grows by about 1/n
+/// of the leaves between checkpoints.
+pub(super) const SUPERSEDED_SHARE: usize = 8;
+/// ... and at least this many pages (4 MiB of 4 KiB pages), so that small trees do not
+/// checkpoint all the time.
+pub(super) const SUPERSEDED_LEAST: usize = 1024;
+
+/// Which dirty leaves a checkpoint writes, and what it sees of the others (module docs).
+pub(super) struct Plan<'a> {
+    /// The LSN the checkpoint took.
+    lsn: Lsn,
+    /// Where replay starts if a dirty leaf is left unwritten; `None` for a full checkpoint.
+    from: Option<Lsn>,
+    /// What checkpoints saw of the leaves; the first pass adds what it sees.
+    seen: &'a mut Inspections,
+    /// Whether the second pass left a dirty leaf unwritten.
+    left_dirty: bool,
+    /// How many more of the leaves that may stay dirty the first pass writes anyway.
+    budget: usize,
+}
+
+impl<'a> Plan<'a> {
+    /// A checkpoint that took `lsn` and may leave dirty the leaves that lack only writes
+    /// logged at or after `from` (at most `lsn`); `None` writes every dirty leaf.
+    pub(super) fn new(lsn: Lsn, from: Option<Lsn>, seen: &'a mut Inspections) -> Plan<'a> {
+        seen.took(lsn);
+        Plan {
+            lsn,
+            from: from.map(|f| f.min(lsn)),
+            seen,
+            left_dirty: false,
+            budget: 0,
+        }
+    }
+
+    /// Writes up to `budget` of the dirty leaves that may stay dirty too (a round of a full
+    /// checkpoint).
+    pub(super) fn writing_at_most(self, budget: usize) -> Plan<'a> {
+        Plan { budget, ..self }
+    }
+
+    /// Where replay must start for this checkpoint.
+    pub(super) fn replay_from(&self) -> Lsn {
+        match self.from {
+            Some(from) if self.left_dirty => from,
+            _ => self.lsn,
+        }
+    }
+}
 
 /// A leaf that needed a write-back when `dirty_chunk` looked.
 pub(super) struct Candidate {
@@ -56,7 +125,7 @@ pub(super) struct Staged {
     /// The tracker's write token of the leaf when it was built.
     token: u64,
     /// Its image LSN (`PageTracker`).
-    lsn: crate::wal::Lsn,
+    lsn: Lsn,
     /// The cached node the image was built from.
     node: Vec<u8>,
 }
@@ -69,10 +138,14 @@ impl Shared {
     /// # Errors
     /// `Io` or `Corruption` from reading or writing a leaf; leaves not yet written stay
     /// dirty, and no page allocated for them stays allocated.
-    pub(super) fn checkpoint_pass(&self, smo: Option<&SmoGuard<'_>>) -> Result<()> {
+    pub(super) fn checkpoint_pass(
+        &self,
+        smo: Option<&SmoGuard<'_>>,
+        plan: &mut Plan<'_>,
+    ) -> Result<()> {
         let mut staged = Vec::with_capacity(BATCH);
         let mut batch = PageBatch::default();
-        let result = self.checkpoint_leaves(smo, &mut staged, &mut batch);
+        let result = self.checkpoint_leaves(smo, plan, &mut staged, &mut batch);
         if result.is_err() {
             self.abandon(&mut staged, &mut batch);
         }
@@ -83,16 +156,39 @@ impl Shared {
     fn checkpoint_leaves(
         &self,
         smo: Option<&SmoGuard<'_>>,
+        plan: &mut Plan<'_>,
         staged: &mut Vec<Staged>,
         batch: &mut PageBatch,
     ) -> Result<()> {
         let mut leaves = self.buffered_leaves(0);
-        loop {
+        let pages = self.storage().pages();
+        let mut wanted = |pid: PageId, dirty: bool| {
+            if !dirty {
+                if smo.is_none() {
+                    plan.seen.saw_clean(pid, plan.lsn);
+                }
+                return false;
+            }
             // Written since the LSN was taken, with its current bounds (which cannot change
             // while the structure lock is held): its page already covers every write this
             // checkpoint must hold. What was written since stays dirty.
-            let pages = self.storage().pages();
-            let chunk = self.dirty_chunk(&mut leaves, |pid| smo.is_some() && pages.is_fresh(pid));
+            if smo.is_some() && pages.is_fresh(pid) {
+                return false;
+            }
+            if let Some(from) = plan.from {
+                if pages.may_stay_dirty(pid, from, plan.seen) {
+                    if smo.is_none() && plan.budget > 0 {
+                        plan.budget -= 1;
+                        return true;
+                    }
+                    plan.left_dirty |= smo.is_some();
+                    return false;
+                }
+            }
+            true
+        };
+        loop {
+            let chunk = self.dirty_chunk(&mut leaves, &mut wanted);
             if chunk.is_empty() {
                 return self.write_staged(staged, batch);
             }
@@ -111,25 +207,27 @@ impl Shared {
         (from..limit).chain(0..from)
     }
 
-    /// Takes leaves from `leaves` until `BATCH` of them need a write-back (or none are
-    /// left), skipping those `skip` names. Each is looked at under a read lock only; what
-    /// it finds is a hint that `stage_chunk` checks again under the write lock.
+    /// Takes leaves from `leaves` until `BATCH` of them are `wanted` (or none are left).
+    /// Each is looked at under a read lock only, and `wanted(pid, dirty)` is asked about
+    /// it, `dirty` saying whether it needs a write-back (a leaf not cached does not); what
+    /// it finds is a hint that `stage_chunk` checks again under the write lock. A leaf that
+    /// needs no write-back is never taken.
     pub(super) fn dirty_chunk(
         &self,
         leaves: &mut impl Iterator<Item = PageId>,
-        skip: impl Fn(PageId) -> bool,
+        mut wanted: impl FnMut(PageId, bool) -> bool,
     ) -> Vec<Candidate> {
         let mut chunk = Vec::with_capacity(BATCH);
         for pid in leaves {
-            if skip(pid) {
-                continue;
-            }
             let page = self.pool().read(pid);
-            let Some(bytes) = page.mini() else { continue };
-            let node = NodeRef::from_bytes(bytes);
-            if !needs_write_back(node) {
+            let node = page.mini().map(NodeRef::from_bytes);
+            let dirty = node.is_some_and(needs_write_back);
+            if !wanted(pid, dirty) {
                 continue;
             }
+            let Some(node) = node.filter(|_| dirty) else {
+                continue;
+            };
             // A mini-page's merge starts from its leaf's page: read it ahead. Stable while
             // the leaf is locked (read-locked will do: changing it takes the write lock).
             let read = match (node.kind(), node.disk_page()) {
@@ -385,3 +483,7 @@ fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
 #[cfg(all(test, not(shuttle)))]
 #[path = "checkpoint_tests.rs"]
 mod tests;
+
+#[cfg(all(test, not(shuttle)))]
+#[path = "fuzzy_tests.rs"]
+mod fuzzy_tests;

@@ -449,7 +449,12 @@ fn checkpoints_racing_writes_splits_evictions_and_removals_lose_nothing() {
         let (acked, checkpoints) = std::thread::scope(|s| {
             let checkpointer = s.spawn(|| {
                 let mut n = 0u32;
-                while !stop.load(Ordering::Acquire) && tree.checkpoint().is_ok() {
+                // Alternately fuzzy and full.
+                let checkpoint = |n: u32| match n % 2 {
+                    0 => tree.shared().checkpoint_fuzzy(),
+                    _ => tree.checkpoint(),
+                };
+                while !stop.load(Ordering::Acquire) && checkpoint(n).is_ok() {
                     n += 1;
                 }
                 n

@@ -41,7 +41,7 @@ impl Shared {
                 }
                 return Ok(false);
             }
-            let chunk = self.dirty_chunk(&mut leaves, |_| false);
+            let chunk = self.dirty_chunk(&mut leaves, |_, dirty| dirty);
             if chunk.is_empty() {
                 *from = 0;
                 return Ok(true);

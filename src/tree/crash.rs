@@ -36,7 +36,8 @@ pub enum CrashOp {
     Remove(Vec<u8>),
     /// `get(key)`, checked against the model while the power is on.
     Get(Vec<u8>),
-    /// An explicit `checkpoint()`.
+    /// A checkpoint: of each three, the third full (`Tree::checkpoint`), the others fuzzy
+    /// (the background checkpointer's kind).
     Checkpoint,
 }
 
@@ -218,11 +219,21 @@ fn run(ops: &[CrashOp], store: &Arc<FaultStore>, fs: &Arc<MemFs>, what: &str) ->
     };
     let mut live = BTreeMap::new();
     let mut acked = 0;
+    let mut checkpoints = 0u32;
     for (i, op) in ops.iter().enumerate() {
         let res = match op {
             CrashOp::Insert(k, v) => tree.insert(k, v),
             CrashOp::Remove(k) => tree.remove(k),
-            CrashOp::Checkpoint => tree.checkpoint(),
+            // Two of three fuzzy (what the background checkpointer runs), so the log kept
+            // for a leaf left dirty spans a checkpoint before a crash.
+            CrashOp::Checkpoint => {
+                checkpoints += 1;
+                if checkpoints.is_multiple_of(3) {
+                    tree.checkpoint()
+                } else {
+                    tree.shared().checkpoint_fuzzy()
+                }
+            }
             CrashOp::Get(k) => tree.get(k).map(|got| {
                 // Once a data write has been dropped silently, pages read back may be stale:
                 // the process would be dead by then, so its reads prove nothing.

@@ -6,8 +6,11 @@
 //! the leaf's lock): the page holds exactly the logged writes to its key range below that
 //! LSN. A checkpoint records it per leaf, and replay skips a leaf's records below it, so a
 //! write the page already holds is not applied twice (merges are not idempotent).
+//!
+//! It also keeps what checkpoints saw of the leaves (`Inspections`), from which the next one
+//! tells which dirty leaves it may leave unwritten (`may_stay_dirty`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::pool::PageId;
 use crate::sync::{Mutex, MutexGuard};
@@ -31,8 +34,64 @@ pub(crate) struct SnapshotLeaf {
 #[derive(Default)]
 pub(crate) struct PageTracker {
     inner: Mutex<Tracked>,
-    /// Held by a checkpoint and by an idle write-back pass: never both at once.
-    checkpointing: Mutex<()>,
+    /// Held by a checkpoint and by an idle write-back pass: never both at once. Holds what
+    /// checkpoints saw of the leaves.
+    checkpointing: Mutex<Inspections>,
+}
+
+/// What checkpoints saw of the leaves: for each, the LSN of the last checkpoint that found
+/// it with nothing to write back (not cached, or cached clean), having taken that LSN
+/// before looking. Every write such a leaf got since was applied after the look, so logged
+/// at or after that LSN.
+#[derive(Debug, Default)]
+pub(crate) struct Inspections {
+    /// Per page id: that LSN plus one (0: never seen so).
+    clean_at: Vec<Lsn>,
+    /// The LSNs checkpoints took, ascending, from the oldest the log still holds.
+    taken: VecDeque<Lsn>,
+}
+
+impl Inspections {
+    /// What an open that replays the log from `lsn` knows: every write the leaves of the
+    /// checkpoint it loaded (page ids below `leaves`) lack is in the log from `lsn` on.
+    pub(crate) fn at_open(lsn: Lsn, leaves: usize) -> Inspections {
+        Inspections {
+            clean_at: vec![lsn + 1; leaves],
+            taken: VecDeque::from([lsn]),
+        }
+    }
+
+    /// A checkpoint took `lsn` and is about to look at the leaves.
+    pub(crate) fn took(&mut self, lsn: Lsn) {
+        self.taken.push_back(lsn);
+    }
+
+    /// Leaf `pid` had nothing to write back when the checkpoint that took `lsn` looked.
+    pub(crate) fn saw_clean(&mut self, pid: PageId, lsn: Lsn) {
+        let at = pid as usize;
+        if self.clean_at.len() <= at {
+            self.clean_at.resize(at + 1, 0);
+        }
+        self.clean_at[at] = lsn + 1;
+    }
+
+    /// Whether leaf `pid` was seen with nothing to write back by a checkpoint that took an
+    /// LSN at or after `lsn`.
+    fn clean_since(&self, pid: PageId, lsn: Lsn) -> bool {
+        self.clean_at.get(pid as usize).is_some_and(|&at| at > lsn)
+    }
+
+    /// The oldest LSN a checkpoint took at or after `from` (`None` if there is none).
+    pub(crate) fn oldest_taken_since(&self, from: Lsn) -> Option<Lsn> {
+        self.taken.iter().copied().find(|&l| l >= from)
+    }
+
+    /// The log below `lsn` is gone: those LSNs can start no replay.
+    pub(crate) fn released_before(&mut self, lsn: Lsn) {
+        while self.taken.front().is_some_and(|&l| l < lsn) {
+            self.taken.pop_front();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -79,6 +138,12 @@ impl PageTracker {
             t.checkpointed = leaves.iter().map(|&(_, p, _)| p).collect();
         }
         tracker
+    }
+
+    /// The tracker of a tree that opens replaying its log from `lsn` (`Inspections::at_open`).
+    pub(crate) fn replaying_from(self, lsn: Lsn, leaves: usize) -> PageTracker {
+        *self.checkpointing.lock() = Inspections::at_open(lsn, leaves);
+        self
     }
 
     /// Leaf `pid` now lives in `page`, an image built at `lsn`.
@@ -173,9 +238,39 @@ impl PageTracker {
         std::mem::take(&mut self.inner.lock().orphans)
     }
 
-    /// Keeps checkpoints (and idle write-back passes) to one at a time while it lives.
-    pub(crate) fn one_at_a_time(&self) -> MutexGuard<'_, ()> {
+    /// Keeps checkpoints (and idle write-back passes) to one at a time while it lives. It
+    /// holds what checkpoints saw of the leaves, which only a checkpoint changes.
+    pub(crate) fn one_at_a_time(&self) -> MutexGuard<'_, Inspections> {
         self.checkpointing.lock()
+    }
+
+    /// Whether dirty leaf `pid` may stay unwritten through a checkpoint whose log replay
+    /// starts at `from`. It may if its page has its current bounds (no split or removal
+    /// since it was written), and every write that page lacks was logged at or after
+    /// `from`: either the page was built after that (its image LSN is at least `from`), or
+    /// a checkpoint that took an LSN at or after `from` found the leaf with nothing to
+    /// write back (`Inspections`).
+    pub(crate) fn may_stay_dirty(&self, pid: PageId, from: Lsn, seen: &Inspections) -> bool {
+        let t = self.inner.lock();
+        let Some(&(_, lsn)) = t.leaf_pages.get(&pid) else {
+            return false;
+        };
+        if matches!(t.last_change.get(&pid), Some(&(_, false))) {
+            return false;
+        }
+        lsn >= from || seen.clean_since(pid, from)
+    }
+
+    /// How many pages the last durable checkpoint references.
+    pub(crate) fn checkpointed_pages(&self) -> usize {
+        self.inner.lock().checkpointed.len()
+    }
+
+    /// Whether the superseded pages still kept for the last checkpoint reach `1/share` of
+    /// the pages it references, and at least `least`: a new checkpoint would free them.
+    pub(crate) fn superseded_past(&self, share: usize, least: usize) -> bool {
+        let t = self.inner.lock();
+        t.deferred.len() >= least.max(t.checkpointed.len() / share)
     }
 
     /// The checkpoint being written references `leaves` (low bound and page id, in key
@@ -217,5 +312,59 @@ impl PageTracker {
             .partition(|p| t.checkpointed.contains(p));
         t.deferred = keep;
         free
+    }
+}
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_may_stay_dirty_only_on_evidence_its_writes_are_in_the_log() {
+        // Leaves 0 and 1 came from a checkpoint whose replay starts at 50.
+        let t = PageTracker::from_checkpoint(&[(0, 9, 0), (1, 8, 0)]).replaying_from(50, 2);
+        let mut seen = t.one_at_a_time();
+        t.written(0, 10, 100);
+        assert!(t.may_stay_dirty(0, 100, &seen), "page built at the start");
+        assert!(
+            !t.may_stay_dirty(0, 101, &seen),
+            "page older than the start"
+        );
+        assert!(t.may_stay_dirty(1, 50, &seen) && !t.may_stay_dirty(1, 51, &seen));
+        // Leaf 2 was never written: it has no page to list.
+        assert!(!t.may_stay_dirty(2, 0, &seen));
+        seen.saw_clean(0, 200);
+        assert!(t.may_stay_dirty(0, 200, &seen) && !t.may_stay_dirty(0, 201, &seen));
+        // A split or removal since its page was written: the page has the old bounds.
+        t.restructured(0);
+        assert!(!t.may_stay_dirty(0, 0, &seen));
+        t.written(0, 11, 300);
+        assert!(t.may_stay_dirty(0, 300, &seen));
+        t.forget_leaf(0);
+        assert!(!t.may_stay_dirty(0, 0, &seen));
+    }
+
+    #[test]
+    fn replay_starts_only_where_a_checkpoint_took_its_lsn_and_the_log_is_kept() {
+        let mut seen = Inspections::at_open(50, 0);
+        seen.took(80);
+        seen.took(120);
+        assert_eq!(seen.oldest_taken_since(0), Some(50));
+        assert_eq!(seen.oldest_taken_since(51), Some(80));
+        assert_eq!(seen.oldest_taken_since(121), None);
+        seen.released_before(100);
+        assert_eq!(seen.oldest_taken_since(0), Some(120));
+    }
+
+    #[test]
+    fn superseded_pages_are_counted_against_the_checkpointed_ones() {
+        let leaves: Vec<(PageId, u64, Lsn)> = (0..80u32).map(|p| (p, u64::from(p), 0)).collect();
+        let t = PageTracker::from_checkpoint(&leaves);
+        assert!(!t.superseded_past(8, 0));
+        for p in 0..10u32 {
+            assert!(!t.supersede(u64::from(p)), "kept for the checkpoint");
+        }
+        assert!(t.superseded_past(8, 10) && !t.superseded_past(8, 11));
+        assert!(!t.superseded_past(4, 0));
     }
 }

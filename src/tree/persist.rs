@@ -1,11 +1,13 @@
 //! Opening, checkpointing and closing a file-backed tree.
 //!
 //! A directory (created 0700) holds `LOCK` (an advisory lock), `data` (the page store) and `checkpoint`
-//! (the leaf map). A checkpoint writes every buffered leaf (shadow-style, to new pages),
+//! (the leaf map). A checkpoint writes buffered leaves (shadow-style, to new pages: every
+//! dirty one, or for a fuzzy one those the log it keeps does not cover, `checkpoint.rs`),
 //! syncs the data file, then replaces `checkpoint` atomically (write a temporary file,
 //! fsync, rename, fsync the directory). Pages the last checkpoint references are never
 //! freed before the next checkpoint is durable, so after a crash `open` finds a consistent
-//! tree: the one of the last completed checkpoint.
+//! tree: the one of the last completed checkpoint, and the log from where it says replay
+//! starts.
 //!
 //! Checkpoint file, little-endian:
 //! | bytes | field |
@@ -13,7 +15,7 @@
 //! | 0..8 | magic `BFKVCKP1` |
 //! | 8..12 | format version (2) |
 //! | 12..16 | page size |
-//! | 16..24 | LSN the checkpoint covers (0 until the write-ahead log exists) |
+//! | 16..24 | LSN replay starts at: the checkpoint's own, or an earlier one's if it left a dirty leaf unwritten (0 until the write-ahead log exists) |
 //! | 24..32 | leaf count n |
 //! | ... | n × (page id u32, disk page u64, image LSN u64, low-bound length u16, low-bound bytes) in key order |
 //! | ... | blob extent count m (u64), then m × (leaf page u64, first block u64, blocks u64) |
@@ -30,6 +32,7 @@ use std::fs::{self, File};
 use std::path::{Path as FsPath, PathBuf};
 
 use super::blob::{Blobs, TableEntry};
+use super::checkpoint::{Plan, SUPERSEDED_LEAST, SUPERSEDED_SHARE};
 use super::index::Index;
 use super::journal::Journal;
 use super::pages::{PageTracker, SnapshotLeaf};
@@ -52,6 +55,21 @@ const FORMAT_WITHOUT_BLOBS: u32 = 2;
 /// The format before image LSNs, still read.
 const FORMAT_WITHOUT_LSNS: u32 = 1;
 const HEADER: usize = 32;
+
+/// Rounds a full checkpoint takes at most before it writes every dirty leaf at once (writers
+/// may keep dirtying leaves while it goes).
+const ROUNDS: usize = 32;
+
+/// What a checkpoint writes (`checkpoint.rs`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Every dirty leaf.
+    Full,
+    /// Only the dirty leaves the log it keeps does not cover.
+    Fuzzy,
+    /// A share of the dirty leaves, as one round of a full checkpoint.
+    Round,
+}
 
 /// The advisory lock that keeps a directory to one open `Tree`.
 pub(crate) struct DirLock {
@@ -176,13 +194,19 @@ pub(crate) fn open_on(
                 .filter(|p| !referenced.contains(p))
                 .collect(),
         )?;
-        (pool, root, PageTracker::from_checkpoint(&tracked))
+        let ids = tracked.iter().map(|&(pid, _, _)| pid as usize + 1).max();
+        let pages = PageTracker::from_checkpoint(&tracked);
+        (
+            pool,
+            root,
+            pages.replaying_from(checkpoint_lsn, ids.unwrap_or(0)),
+        )
     } else {
         // No checkpoint: nothing was ever committed here, so every data page is free.
         store.set_free_pages((FIRST_DATA_PAGE..file_pages).collect())?;
         let pool = BufferPool::new(config.cache_size, config.second_chance_percent)?;
         let root = Shared::empty_root(&pool, config.page_size)?;
-        (pool, root, PageTracker::default())
+        (pool, root, PageTracker::default().replaying_from(0, 0))
     };
     let wal = Wal::open_on(
         fs,
@@ -374,25 +398,78 @@ fn write_atomically(fs: &dyn LogFs, dir: &FsPath, path: &FsPath, bytes: &[u8]) -
 }
 
 impl Shared {
-    /// Writes every buffered leaf and a new checkpoint file (see the module docs).
+    /// Writes every buffered leaf and a new checkpoint file (see the module docs). Where
+    /// checkpoints can be fuzzy, it does so in rounds, each a checkpoint that writes a share
+    /// of the dirty leaves (`Kind::Round`): the pages they supersede are free for the next
+    /// round, so the data file grows by a share of the leaves, not by every dirty one.
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        self.checkpoint_between(|| {})
+        if self.may_checkpoint_fuzzily() {
+            for _ in 0..ROUNDS {
+                if !self.checkpoint_with(Kind::Round, || {})? {
+                    return Ok(());
+                }
+            }
+        }
+        self.checkpoint_with(Kind::Full, || {}).map(|_| ())
     }
 
-    /// `checkpoint`, running `between` after the first pass (tests write there).
+    /// A checkpoint that leaves unwritten the dirty leaves whose missing writes are all in
+    /// the log it keeps (`checkpoint.rs`): at most half of `Config::checkpoint_log_bytes`.
+    /// A full one when writes are not logged or the tree holds large values.
+    pub(crate) fn checkpoint_fuzzy(&self) -> Result<()> {
+        self.checkpoint_with(Kind::Fuzzy, || {}).map(|_| ())
+    }
+
+    /// A full checkpoint in one round, running `between` after the first pass (tests write
+    /// there).
+    #[cfg(all(test, not(shuttle)))]
     pub(super) fn checkpoint_between(&self, between: impl FnOnce()) -> Result<()> {
+        self.checkpoint_with(Kind::Full, between).map(|_| ())
+    }
+
+    /// Whether a checkpoint may leave dirty leaves unwritten in this tree.
+    pub(crate) fn may_checkpoint_fuzzily(&self) -> bool {
+        self.journal().logs_writes() && !self.storage().blobs().ever_used()
+    }
+
+    /// A checkpoint of kind `kind` (`Fuzzy` and `Round` are full where the tree does not
+    /// allow fuzzy ones); `between` runs after the first pass. `Ok(true)` if it left a dirty
+    /// leaf unwritten.
+    fn checkpoint_with(&self, kind: Kind, between: impl FnOnce()) -> Result<bool> {
         let (Some(store), Some(dir), Some(wal)) = (
             self.storage().store(),
             &self.config().dir,
             self.journal().wal(),
         ) else {
-            return Ok(());
+            return Ok(false);
         };
-        let _one_at_a_time = self.storage().pages().one_at_a_time();
+        let mut seen = self.storage().pages().one_at_a_time();
         self.drain_orphans();
         // Every write below this LSN was applied before it was logged, so the leaves written
-        // below hold it; replay after a crash starts here.
+        // below hold it; replay after a crash starts here, or earlier if a dirty leaf is left
+        // unwritten.
         let lsn = wal.next_lsn();
+        let fuzzy = self.may_checkpoint_fuzzily();
+        let (from, budget) = match kind {
+            // The earliest start kept: at most half the log a checkpoint is due at, so the
+            // next one is due after as much log again.
+            Kind::Fuzzy if fuzzy => {
+                let keep = self.config().checkpoint_log_bytes / 2;
+                let earliest = lsn
+                    .saturating_sub(keep)
+                    .max(self.journal().checkpoint_lsn());
+                (seen.oldest_taken_since(earliest), 0)
+            }
+            // Where replay starts now, which covers every dirty leaf: written or not, they
+            // stay covered.
+            Kind::Round if fuzzy => {
+                let pages = self.storage().pages().checkpointed_pages();
+                let share = (pages / SUPERSEDED_SHARE).max(SUPERSEDED_LEAST);
+                (Some(self.journal().checkpoint_lsn()), share)
+            }
+            _ => (None, 0),
+        };
+        let mut plan = Plan::new(lsn, from, &mut seen).writing_at_most(budget);
         // Without a log to replay, the leaves written below must not catch a batch
         // half-applied: batches wait until the snapshot is taken (`rewind.rs`).
         let batches_held =
@@ -403,7 +480,7 @@ impl Shared {
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
-        self.checkpoint_pass(None)?;
+        self.checkpoint_pass(None, &mut plan)?;
         between();
         let snapshot = {
             // Second pass, holding the structure lock so the set of leaves stays fixed: only
@@ -412,7 +489,7 @@ impl Shared {
             // briefly. Leaf locks are taken while holding it: safe, because leaf-lock holders
             // only ever try the structure lock.
             let smo = self.index().lock_smo();
-            self.checkpoint_pass(Some(&smo))?;
+            self.checkpoint_pass(Some(&smo), &mut plan)?;
             let leaves = self.index().leaves();
             let snapshot = self.storage().pages().begin_snapshot(leaves);
             drop(smo);
@@ -422,6 +499,8 @@ impl Shared {
             })?
         };
         drop(batches_held);
+        let replay_from = plan.replay_from();
+        let left_dirty = replay_from != lsn;
         let blobs = self.storage().blobs();
         let table = blobs.table(snapshot.iter().map(|l| l.page));
         // The pages hold every write applied before their leaf was written, some logged
@@ -433,7 +512,7 @@ impl Shared {
             .and_then(|()| store.sync())
             .and_then(|()| blobs.sync())
             .and_then(|()| {
-                let bytes = encode(self.page_size(), lsn, &snapshot, &table);
+                let bytes = encode(self.page_size(), replay_from, &snapshot, &table);
                 write_atomically(&**wal.fs(), dir, &dir.join("checkpoint"), &bytes)
             });
         for p in self.storage().pages().finish_checkpoint(result.is_ok()) {
@@ -442,10 +521,12 @@ impl Shared {
         if result.is_ok() {
             blobs.checkpointed(blob_count, &table);
             self.counters().count(Event::Checkpoint);
-            // The checkpoint is durable: the log below its LSN is no longer needed.
-            self.journal().checkpointed(lsn)?;
+            // The checkpoint is durable: the log below where its replay starts is no longer
+            // needed.
+            seen.released_before(replay_from);
+            self.journal().checkpointed(replay_from)?;
         }
-        result
+        result.map(|()| left_dirty)
     }
 }
 

@@ -7,6 +7,7 @@
 use super::admit::Doorkeeper;
 use super::background::Control;
 use super::catalog::Catalog;
+use super::checkpoint::{SUPERSEDED_LEAST, SUPERSEDED_SHARE};
 use super::index::{Index, SmoGuard};
 use super::inner::{Entry, Inner, Seek};
 use super::journal::Journal;
@@ -391,10 +392,17 @@ impl Shared {
         Ok(())
     }
 
-    /// Whether the log grew enough since the last checkpoint to warrant a new one.
+    /// Whether the log grew enough since the last checkpoint to warrant a new one, or (when
+    /// checkpoints can be fuzzy, and so cost what was written since the last one) enough
+    /// superseded pages wait for one to be freed.
     pub(crate) fn wants_checkpoint(&self) -> bool {
         self.journal.grew_past(self.config.checkpoint_log_bytes)
             || self.storage.blobs().wants_checkpoint()
+            || (self.may_checkpoint_fuzzily()
+                && self
+                    .storage
+                    .pages()
+                    .superseded_past(SUPERSEDED_SHARE, SUPERSEDED_LEAST))
     }
 
     /// Makes every acknowledged write durable: a log sync when writes are logged, else a
