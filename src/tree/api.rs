@@ -521,6 +521,14 @@ impl Tree {
         self.background.stop();
     }
 
+    /// This tree with its background threads stopped: checkpoints and evictions then run
+    /// only when a test calls them.
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn without_background(mut self) -> Tree {
+        self.stop_background();
+        self
+    }
+
     /// Counters describing what the tree has done so far (cheap to read).
     ///
     /// ```

@@ -4,14 +4,15 @@
 //! **Which leaves.** A full checkpoint (`Tree::checkpoint`, `close`, and every checkpoint of
 //! a tree that does not log writes or holds large values) writes every dirty leaf, and
 //! replay starts at the LSN it took. A fuzzy one (the background checkpointer's) picks an
-//! earlier start the log still holds, `from`, and writes only the dirty leaves that
-//! `PageTracker::may_stay_dirty` refuses: those without a page, those whose bounds changed
-//! since it was written, and those that may lack a write logged before `from`. Every other
-//! dirty leaf is listed with its page and that page's image LSN, and replay from `from`
-//! applies what it lacks. So a checkpoint writes what stayed dirty for longer than the log
-//! it keeps, not the whole cache, and checkpoints can run as often as freeing superseded
-//! pages needs (`Shared::wants_checkpoint`). Without a dirty leaf left, replay starts at
-//! the checkpoint's own LSN.
+//! earlier start the log still holds, `from` (where replay starts now, or a later one once
+//! the log since outgrew `checkpoint_log_bytes`, `persist.rs`), and writes only the dirty
+//! leaves that `PageTracker::may_stay_dirty` refuses: those without a page, those whose
+//! bounds changed since it was written, and those that may lack a write logged before
+//! `from`. Every other dirty leaf is listed with its page and that page's image LSN, and
+//! replay from `from` applies what it lacks. So a checkpoint writes what stayed dirty for
+//! longer than the log it keeps, not the whole cache, and checkpoints can run as often as
+//! freeing superseded pages needs (`Shared::wants_checkpoint`). Without a dirty leaf left,
+//! replay starts at the checkpoint's own LSN.
 //!
 //! Trees with large values stay on full checkpoints: an extent only a dirty leaf references
 //! would be in no checkpoint's table (`blob.rs`), and would be freed.

@@ -42,7 +42,9 @@ fn config() -> Config {
 /// Counters `0..KEYS` at 0, then a full checkpoint: every leaf is clean, and the next
 /// checkpoint may be fuzzy.
 fn counters_on(store: &Arc<FaultStore>, fs: &Arc<MemFs>, config: Config) -> Tree {
-    let tree = crash::open_with(config, store.clone(), fs.clone()).expect("open");
+    let tree = crash::open_with(config, store.clone(), fs.clone())
+        .expect("open")
+        .without_background();
     for i in 0..KEYS {
         tree.insert(key(i), 0u64.to_le_bytes()).expect("insert");
     }
@@ -143,10 +145,10 @@ fn leaves_of(tree: &Tree, keys: std::ops::Range<u32>) -> Vec<PageId> {
 
 /// Leaves dirtied after a checkpoint wrote them stay unwritten through the next, fuzzy, one,
 /// which keeps the log from the earlier checkpoint's LSN; a crash then loses nothing and
-/// counts no merge twice. Once that log outgrows what a checkpoint keeps (half of
-/// `checkpoint_log_bytes`), the next fuzzy checkpoint starts replay at a later checkpoint's
-/// LSN and writes the leaves that may lack writes from before it (dirty when that
-/// checkpoint looked), not those it found clean.
+/// counts no merge twice. Once that log outgrows `checkpoint_log_bytes`, the next fuzzy
+/// checkpoint starts replay at a later checkpoint's LSN (within half the limit) and writes
+/// the leaves that may lack writes from before it (dirty when that checkpoint looked), not
+/// those it found clean.
 #[test]
 fn a_fuzzy_checkpoint_leaves_to_the_log_what_it_keeps() {
     let (store, fs) = crash::disks();
@@ -161,8 +163,9 @@ fn a_fuzzy_checkpoint_leaves_to_the_log_what_it_keeps() {
     assert!(first.len() > 4 && second.len() > 4, "{first:?} {second:?}");
     let full_lsn = replay_from(&tree);
 
-    // 300 KiB of log on the first half, then a fuzzy checkpoint: nothing written.
-    let rounds = log_rounds(&tree, half.clone(), 1, 300 << 10);
+    // 600 KiB of log on the first half, then a fuzzy checkpoint: the log is within its
+    // 1 MiB limit, so replay keeps its start and nothing is written.
+    let rounds = log_rounds(&tree, half.clone(), 1, 600 << 10);
     assert!(first.iter().all(|&pid| is_dirty(&tree, pid)));
     let written = tree.stats().write_backs;
     let fuzzy_lsn = next_lsn(&tree);
@@ -179,9 +182,9 @@ fn a_fuzzy_checkpoint_leaves_to_the_log_what_it_keeps() {
     }
     drop(crashed);
 
-    // 300 KiB more on the second half: the log since the full checkpoint is past the
-    // 512 KiB kept, so replay must start at the fuzzy one's LSN.
-    let more = log_rounds(&tree, KEYS / 2..KEYS, 1, 300 << 10);
+    // 450 KiB more on the second half: the log since the full checkpoint is past its
+    // limit, so replay moves to the oldest start within half of it, the fuzzy one's LSN.
+    let more = log_rounds(&tree, KEYS / 2..KEYS, 1, 450 << 10);
     tree.shared()
         .checkpoint_fuzzy()
         .expect("second fuzzy checkpoint");
@@ -198,8 +201,9 @@ fn a_fuzzy_checkpoint_leaves_to_the_log_what_it_keeps() {
     }
 }
 
-/// A fuzzy checkpoint keeps no more log than half of `checkpoint_log_bytes`: with no earlier
-/// checkpoint that recent, it writes every dirty leaf and replay starts at its own LSN.
+/// A fuzzy checkpoint that finds the log past `checkpoint_log_bytes` keeps no more than half
+/// of that: with no earlier checkpoint that recent, it writes every dirty leaf and replay
+/// starts at its own LSN.
 /// Once that start is recent, dirty leaves written since it, by that checkpoint or by an
 /// eviction, need no write.
 #[test]
@@ -208,7 +212,7 @@ fn a_fuzzy_checkpoint_without_a_recent_start_writes_every_dirty_leaf() {
     let config = || config().checkpoint_log_bytes(1 << 20);
     let tree = counters_on(&store, &fs, config());
     let leaves = leaves(&tree);
-    let rounds = log_rounds(&tree, 0..KEYS, 1, 600 << 10);
+    let rounds = log_rounds(&tree, 0..KEYS, 1, 1100 << 10);
     let lsn = next_lsn(&tree);
     tree.shared().checkpoint_fuzzy().expect("fuzzy checkpoint");
     assert_eq!(replay_from(&tree), lsn);
@@ -223,7 +227,7 @@ fn a_fuzzy_checkpoint_without_a_recent_start_writes_every_dirty_leaf() {
     let evicted = (tree.stats().write_backs - written) as usize;
     add_to_all(&tree, 1);
     let before = tree.stats().write_backs;
-    // The log since `lsn` is short: replay may start there, and nothing needs writing.
+    // The log since `lsn` is short: replay keeps its start, and nothing needs writing.
     tree.shared().checkpoint_fuzzy().expect("fuzzy checkpoint");
     assert_eq!(tree.stats().write_backs, before);
     assert_eq!(replay_from(&tree), lsn);
@@ -263,7 +267,7 @@ fn full_checkpoints_where_the_log_cannot_stand_in() {
         .evictor_threads(0)
         .idle_write_back(None)
         .merge_operator(add);
-    let tree = Tree::open(config).expect("open");
+    let tree = Tree::open(config).expect("open").without_background();
     for i in 0..KEYS {
         tree.insert(key(i), 0u64.to_le_bytes()).expect("insert");
     }
@@ -289,7 +293,7 @@ fn a_full_checkpoint_goes_in_rounds_that_bound_the_file() {
         .durability(Durability::Buffered)
         .evictor_threads(0)
         .idle_write_back(None);
-    let tree = Tree::open(config).expect("open");
+    let tree = Tree::open(config).expect("open").without_background();
     let n = 420_000u32;
     let put = |round: u8| {
         for i in 0..n {

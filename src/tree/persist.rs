@@ -414,8 +414,9 @@ impl Shared {
     }
 
     /// A checkpoint that leaves unwritten the dirty leaves whose missing writes are all in
-    /// the log it keeps (`checkpoint.rs`): at most half of `Config::checkpoint_log_bytes`.
-    /// A full one when writes are not logged or the tree holds large values.
+    /// the log it keeps (`checkpoint.rs`): the log from where replay starts now, or, once
+    /// that outgrew `Config::checkpoint_log_bytes`, at most half of that. A full one when
+    /// writes are not logged or the tree holds large values.
     pub(crate) fn checkpoint_fuzzy(&self) -> Result<()> {
         self.checkpoint_with(Kind::Fuzzy, || {}).map(|_| ())
     }
@@ -451,14 +452,19 @@ impl Shared {
         let lsn = wal.next_lsn();
         let fuzzy = self.may_checkpoint_fuzzily();
         let (from, budget) = match kind {
-            // The earliest start kept: at most half the log a checkpoint is due at, so the
-            // next one is due after as much log again.
+            // Replay keeps its start until the log since it outgrows the limit; then it
+            // moves to the oldest start within half the limit (so the next move is due
+            // after as much log again), and the leaves that may lack older writes are
+            // written.
             Kind::Fuzzy if fuzzy => {
-                let keep = self.config().checkpoint_log_bytes / 2;
-                let earliest = lsn
-                    .saturating_sub(keep)
-                    .max(self.journal().checkpoint_lsn());
-                (seen.oldest_taken_since(earliest), 0)
+                let limit = self.config().checkpoint_log_bytes;
+                let start = self.journal().checkpoint_lsn();
+                if self.journal().grew_past(limit) {
+                    let earliest = lsn.saturating_sub(limit / 2).max(start);
+                    (seen.oldest_taken_since(earliest), 0)
+                } else {
+                    (Some(start), 0)
+                }
             }
             // Where replay starts now, which covers every dirty leaf: written or not, they
             // stay covered.
