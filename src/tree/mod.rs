@@ -51,6 +51,7 @@ mod census;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod check;
 mod checkpoint;
+mod checkpoint_file;
 mod clean;
 mod commit;
 mod copied;
