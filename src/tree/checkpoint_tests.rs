@@ -128,7 +128,7 @@ fn loaded_tree_on(
 }
 
 /// `Sync` writes, a 4 MiB cache, evictions only in the writers.
-fn config() -> Config {
+pub(super) fn config() -> Config {
     Config::new(crash::DIR)
         .cache_size(4 << 20)
         .durability(Durability::Sync)
@@ -145,7 +145,7 @@ fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) ->
 }
 
 /// `recovered` with another configuration.
-fn recovered_with(
+pub(super) fn recovered_with(
     config: Config,
     store: &crate::store::FaultStore,
     fs: &crate::wal::memfs::MemFs,
@@ -172,7 +172,7 @@ fn leaf_of(tree: &Tree, key: &[u8]) -> PageId {
 }
 
 /// Whether leaf `pid`'s cached node has changes that are not on disk, and its page.
-fn node_state(tree: &Tree, pid: PageId) -> (bool, Option<u64>) {
+pub(super) fn node_state(tree: &Tree, pid: PageId) -> (bool, Option<u64>) {
     let page = tree.shared().pool().read(pid);
     let node = NodeRef::from_bytes(page.mini().expect("cached"));
     let dirty = if node.kind() == NodeKind::Leaf {
@@ -585,7 +585,7 @@ fn a_failed_data_sync_fails_every_later_checkpoint_and_loses_nothing() {
 }
 
 /// The u64 add merge operator.
-fn add(_key: &[u8], old: Option<&[u8]>, operand: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn add(_key: &[u8], old: Option<&[u8]>, operand: &[u8]) -> Option<Vec<u8>> {
     let n = |b: Option<&[u8]>| {
         b.and_then(|b| b.try_into().ok())
             .map_or(0, u64::from_le_bytes)

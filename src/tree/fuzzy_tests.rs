@@ -3,9 +3,9 @@
 //! crash after one loses nothing and replays no merge twice. The crash sweeps (`crash.rs`)
 //! and the racing test (`checkpoint_tests.rs`) run them too.
 
+use super::super::crash;
 use super::super::inner::Seek;
-use super::super::{crash, FLAG_DIRTY};
-use crate::node::{NodeKind, NodeRef};
+use super::tests::{self as checkpoint_tests, add, node_state, recovered_with};
 use crate::pool::PageId;
 use crate::store::FaultStore;
 use crate::sync::{self, Arc};
@@ -19,24 +19,10 @@ fn key(i: u32) -> Vec<u8> {
     format!("k{i:06}").into_bytes()
 }
 
-/// The u64 add merge operator: merges are not idempotent, so a write replayed twice shows.
-fn add(_key: &[u8], old: Option<&[u8]>, operand: &[u8]) -> Option<Vec<u8>> {
-    let n = |b: Option<&[u8]>| {
-        b.and_then(|b| b.try_into().ok())
-            .map_or(0, u64::from_le_bytes)
-    };
-    (!operand.is_empty()).then(|| (n(old) + n(Some(operand))).to_le_bytes().to_vec())
-}
-
-/// `Sync` writes, a cache that holds every leaf, no background threads.
+/// `checkpoint_tests`' configuration (`Sync` writes, a cache that holds every leaf), with
+/// counters added by `add`: merges are not idempotent, so a write replayed twice shows.
 fn config() -> Config {
-    Config::new(crash::DIR)
-        .cache_size(4 << 20)
-        .durability(Durability::Sync)
-        .log_segment_size(64 << 10)
-        .evictor_threads(0)
-        .idle_write_back(None)
-        .merge_operator(add)
+    checkpoint_tests::config().merge_operator(add)
 }
 
 /// Counters `0..KEYS` at 0, then a full checkpoint: every leaf is clean, and the next
@@ -93,25 +79,11 @@ fn leaves(tree: &Tree) -> Vec<PageId> {
 }
 
 fn is_dirty(tree: &Tree, pid: PageId) -> bool {
-    let page = tree.shared().pool().read(pid);
-    let node = NodeRef::from_bytes(page.mini().expect("cached"));
-    match node.kind() {
-        NodeKind::Leaf => node.flags() & FLAG_DIRTY != 0,
-        _ => node.dirty_count() > 0,
-    }
+    node_state(tree, pid).0
 }
 
 fn recovered(store: &FaultStore, fs: &MemFs, config: Config) -> Tree {
-    let tree = crash::open_with(
-        config,
-        Arc::new(store.crash_image()),
-        Arc::new(fs.crash_image()),
-    )
-    .expect("reopen");
-    if let Err(e) = tree.shared().check_structure() {
-        panic!("structure after recovery: {e}");
-    }
-    tree
+    recovered_with(config, store, fs)
 }
 
 /// Adds `n` to keys `keys` round after round until the log grew by at least `bytes`.
