@@ -282,7 +282,8 @@ impl Blobs {
             );
             start
         };
-        self.any.store(true, Ordering::Release);
+        // `SeqCst`, with `ever_used` and the checkpoint count: see `ever_used`.
+        self.any.store(true, Ordering::SeqCst);
         let written = file.write(start, value).and_then(|crc| {
             if sync {
                 file.sync().map(|()| crc)
@@ -387,9 +388,11 @@ impl Blobs {
     }
 
     /// Whether any extent was ever in use in this tree's life (since the last open that
-    /// found none).
+    /// found none). False after `start_checkpoint` returned means every extent is applied
+    /// at a count past it (the flag is set before an extent is written, the count read when
+    /// it is applied, all in one `SeqCst` order), so that checkpoint frees none of them.
     pub(crate) fn ever_used(&self) -> bool {
-        self.any.load(Ordering::Acquire)
+        self.any.load(Ordering::SeqCst)
     }
 
     /// The extents the checkpoint whose leaves live in `pages` references.

@@ -279,6 +279,11 @@ impl Shared {
         // below hold it; replay after a crash starts here, or earlier if a dirty leaf is left
         // unwritten.
         let lsn = wal.next_lsn();
+        // Every reference applied before now is in the leaves written below (`blob.rs`).
+        let blob_count = self.storage().blobs().start_checkpoint();
+        // Decided after the blob count is taken: a large value written before would have
+        // its extent freed while a dirty leaf this checkpoint leaves unwritten references
+        // it (`Blobs::ever_used`).
         let fuzzy = self.may_checkpoint_fuzzily();
         let (from, budget) = match kind {
             // Replay keeps its start until the log since it outgrows the limit; then it
@@ -310,8 +315,6 @@ impl Shared {
         let batches_held =
             (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
         self.storage().pages().start_checkpoint();
-        // Every reference applied before now is in the leaves written below (`blob.rs`).
-        let blob_count = self.storage().blobs().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to
         // the second pass.
