@@ -508,20 +508,9 @@ impl Shared {
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use crate::node::{self, NodeKind, Record, RecordKind};
+    use crate::tree::crash::copy_dir;
     use crate::tree::keyspace::stored_key;
     use crate::{Config, Durability, Tree};
-
-    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-        std::fs::create_dir_all(to).expect("mkdir");
-        for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
-            let (path, name) = (entry.path(), entry.file_name());
-            if path.is_dir() {
-                copy_dir(&path, &to.join(name));
-            } else if name != "LOCK" {
-                std::fs::copy(&path, to.join(name)).expect("copy");
-            }
-        }
-    }
 
     /// A checkpoint that took its LSN before the install and its snapshot after it names
     /// the new leaves: replay from it must not apply again a merge the edge leaf folded.

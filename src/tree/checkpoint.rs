@@ -1,18 +1,23 @@
 //! A checkpoint's passes over the buffered leaves: each dirty leaf it chooses is written back
 //! (to a new page, `evict.rs`) and its cached node kept, marked clean.
 //!
-//! **Which leaves.** A full checkpoint (`Tree::checkpoint`, `close`, and every checkpoint of
-//! a tree that does not log writes or holds large values) writes every dirty leaf, and
-//! replay starts at the LSN it took. A fuzzy one (the background checkpointer's) picks an
-//! earlier start the log still holds, `from` (where replay starts now, or a later one once
-//! the log since outgrew `checkpoint_log_bytes`, `persist.rs`), and writes only the dirty
-//! leaves that `PageTracker::may_stay_dirty` refuses: those without a page, those whose
-//! bounds changed since it was written, and those that may lack a write logged before
-//! `from`. Every other dirty leaf is listed with its page and that page's image LSN, and
-//! replay from `from` applies what it lacks. So a checkpoint writes what stayed dirty for
-//! longer than the log it keeps, not the whole cache, and checkpoints can run as often as
-//! freeing superseded pages needs (`Shared::wants_checkpoint`). Without a dirty leaf left,
-//! replay starts at the checkpoint's own LSN.
+//! **Which leaves.** A full checkpoint (every checkpoint of a tree that does not log writes
+//! or holds large values) writes every dirty leaf, and replay starts at the LSN it took. A
+//! fuzzy one keeps replay's start, `from`, and writes only the dirty leaves that
+//! `PageTracker::may_stay_dirty` refuses: those without a page, those whose bounds changed
+//! since it was written, and those that may lack a write logged before `from`. Every other
+//! dirty leaf is listed with its page and that page's image LSN, and replay from `from`
+//! applies what it lacks. So a checkpoint writes what stayed dirty for longer than the log
+//! it keeps, not the whole cache, and checkpoints can run as often as freeing superseded
+//! pages needs (`Shared::wants_checkpoint`). Without a dirty leaf left, replay starts at
+//! the checkpoint's own LSN.
+//!
+//! **Moving the start** (`Plan::toward`). A checkpoint may also go toward a later start: it
+//! writes up to a budget of the dirty leaves that start refuses, and starts replay there if
+//! it left none of them. Fuzzy checkpoints do so once the log outgrew
+//! `checkpoint_log_bytes` (`persist.rs`), and `Tree::checkpoint`, `close` and drop do so
+//! toward each round's own LSN, round after round: either way a round writes a share of
+//! the leaves, and the pages it supersedes are free for the next.
 //!
 //! Trees with large values stay on full checkpoints: an extent only a dirty leaf references
 //! would be in no checkpoint's table (`blob.rs`), and would be freed.
@@ -46,7 +51,7 @@
 use super::evict::{needs_write_back, Action, AfterWrite};
 use super::index::SmoGuard;
 use super::page_batch::{Image, PageBatch};
-use super::pages::Inspections;
+use super::pages::{Inspections, PageTracker};
 use super::{Attempt, Shared, Step, FLAG_DIRTY};
 use crate::error::Result;
 use crate::node::{NodeKind, NodeMut, NodeRef, RecordKind, Search};
@@ -72,12 +77,18 @@ pub(super) struct Plan<'a> {
     lsn: Lsn,
     /// Where replay starts if a dirty leaf is left unwritten; `None` for a full checkpoint.
     from: Option<Lsn>,
+    /// Where replay should start instead, once no dirty leaf that may lack a write logged
+    /// before it is left (between `from` and `lsn`).
+    toward: Lsn,
     /// What checkpoints saw of the leaves; the first pass adds what it sees.
     seen: &'a mut Inspections,
+    /// How many more of the leaves `toward` refuses, but `from` allows, the first pass
+    /// writes.
+    budget: usize,
     /// Whether the second pass left a dirty leaf unwritten.
     left_dirty: bool,
-    /// How many more of the leaves that may stay dirty the first pass writes anyway.
-    budget: usize,
+    /// Whether one of those may lack a write logged before `toward`.
+    held_back: bool,
 }
 
 impl<'a> Plan<'a> {
@@ -85,27 +96,61 @@ impl<'a> Plan<'a> {
     /// logged at or after `from` (at most `lsn`); `None` writes every dirty leaf.
     pub(super) fn new(lsn: Lsn, from: Option<Lsn>, seen: &'a mut Inspections) -> Plan<'a> {
         seen.took(lsn);
+        let from = from.map(|f| f.min(lsn));
         Plan {
             lsn,
-            from: from.map(|f| f.min(lsn)),
+            from,
+            toward: from.unwrap_or(lsn),
             seen,
-            left_dirty: false,
             budget: 0,
+            left_dirty: false,
+            held_back: false,
         }
     }
 
-    /// Writes up to `budget` of the dirty leaves that may stay dirty too (a round of a full
-    /// checkpoint).
-    pub(super) fn writing_at_most(self, budget: usize) -> Plan<'a> {
-        Plan { budget, ..self }
+    /// Moves replay's start toward `toward` (between `from` and the checkpoint's LSN):
+    /// writes up to `budget` of the dirty leaves that may lack a write logged before it,
+    /// and starts replay there if none of them is left. A round of a full checkpoint goes
+    /// toward its own LSN; a fuzzy checkpoint whose log outgrew its limit, toward a later
+    /// checkpoint's (`persist.rs`).
+    pub(super) fn toward(self, toward: Lsn, budget: usize) -> Plan<'a> {
+        let toward = match self.from {
+            Some(from) => toward.clamp(from, self.lsn),
+            None => self.lsn,
+        };
+        Plan {
+            toward,
+            budget,
+            ..self
+        }
     }
 
     /// Where replay must start for this checkpoint.
     pub(super) fn replay_from(&self) -> Lsn {
         match self.from {
-            Some(from) if self.left_dirty => from,
+            Some(from) if self.held_back => from,
+            Some(_) if self.left_dirty => self.toward,
             _ => self.lsn,
         }
+    }
+
+    /// Whether the pass (`second`: the one under the structure lock) writes dirty leaf
+    /// `pid`, which `PageTracker::is_fresh` did not rule out.
+    fn wants(&mut self, pages: &PageTracker, pid: PageId, second: bool) -> bool {
+        let Some(from) = self.from else { return true };
+        if !pages.may_stay_dirty(pid, from, self.seen) {
+            return true;
+        }
+        let moved = self.toward == from || pages.may_stay_dirty(pid, self.toward, self.seen);
+        if !moved && !second && self.budget > 0 {
+            self.budget -= 1;
+            return true;
+        }
+        if second {
+            self.left_dirty = true;
+            self.held_back |= !moved;
+        }
+        false
     }
 }
 
@@ -176,17 +221,7 @@ impl Shared {
             if smo.is_some() && pages.is_fresh(pid) {
                 return false;
             }
-            if let Some(from) = plan.from {
-                if pages.may_stay_dirty(pid, from, plan.seen) {
-                    if smo.is_none() && plan.budget > 0 {
-                        plan.budget -= 1;
-                        return true;
-                    }
-                    plan.left_dirty |= smo.is_some();
-                    return false;
-                }
-            }
-            true
+            plan.wants(pages, pid, smo.is_some())
         };
         loop {
             let chunk = self.dirty_chunk(&mut leaves, &mut wanted);

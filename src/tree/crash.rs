@@ -337,3 +337,18 @@ pub(crate) fn scenario(
     check_recovery(ops, acked, &store, &fs, get_stride, what);
     outcome
 }
+
+/// Copies a tree's directory (but its `LOCK`) from `from` to `to`: what a process crash
+/// would leave, for a tree that synced what it must.
+#[cfg(all(test, not(shuttle)))]
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let (path, name) = (entry.path(), entry.file_name());
+        if path.is_dir() {
+            copy_dir(&path, &to.join(name));
+        } else if name != "LOCK" {
+            std::fs::copy(&path, to.join(name)).expect("copy");
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! Tests of fuzzy checkpoints (`checkpoint.rs`): which dirty leaves they leave unwritten,
-//! where replay starts, that a leaf dirty through two checkpoints is written, and that a
-//! crash after one loses nothing and replays no merge twice. The crash sweeps (`crash.rs`)
+//! where replay starts and how it moves, and that a crash after one loses nothing and
+//! replays no merge twice. The crash sweeps (`crash.rs`)
 //! and the racing test (`checkpoint_tests.rs`) run them too.
 
 use super::super::crash;
@@ -174,8 +174,8 @@ fn a_fuzzy_checkpoint_leaves_to_the_log_what_it_keeps() {
 }
 
 /// A fuzzy checkpoint that finds the log past `checkpoint_log_bytes` keeps no more than half
-/// of that: with no earlier checkpoint that recent, it writes every dirty leaf and replay
-/// starts at its own LSN.
+/// of that: with no earlier checkpoint that recent, it writes the dirty leaves (all of them,
+/// in a tree of fewer than a round's) and replay starts at its own LSN.
 /// Once that start is recent, dirty leaves written since it, by that checkpoint or by an
 /// eviction, need no write.
 #[test]
@@ -311,4 +311,71 @@ fn a_full_checkpoint_goes_in_rounds_that_bound_the_file() {
         let k = (i.wrapping_mul(2_654_435_761)).to_be_bytes();
         assert_eq!(tree.get(k).expect("get"), Some(vec![2u8; 16]));
     }
+}
+
+/// Once the log outgrows its limit with no recent start to move to, fuzzy checkpoints move
+/// replay's start to the first one's LSN in rounds: each writes a share of the leaves that
+/// may lack older writes and keeps the old start until none is left, so the data file grows
+/// by about a round's pages. A crash in the middle of the move loses nothing and replays no
+/// merge twice.
+#[test]
+fn a_fuzzy_checkpoint_moves_the_start_in_rounds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = |d: &std::path::Path| {
+        Config::new(d)
+            .cache_size(64 << 20)
+            .durability(Durability::Buffered)
+            .checkpoint_log_bytes(4 << 20)
+            .evictor_threads(0)
+            .idle_write_back(None)
+            .merge_operator(add)
+    };
+    let tree = Tree::open(config(dir.path()))
+        .expect("open")
+        .without_background();
+    let n = 420_000u32;
+    let key = |i: u32| (i.wrapping_mul(2_654_435_761)).to_be_bytes();
+    for i in 0..n {
+        tree.insert(key(i), 0u64.to_le_bytes()).expect("insert");
+    }
+    tree.checkpoint().expect("checkpoint");
+    let leaves = tree.shared().index().leaves().len();
+    assert!(leaves > 2 * super::SUPERSEDED_LEAST, "{leaves} leaves");
+    let data = || {
+        std::fs::metadata(dir.path().join("data"))
+            .expect("data")
+            .len()
+            / 4096
+    };
+    let (before, start) = (data(), replay_from(&tree));
+    for i in 0..n {
+        tree.merge(key(i), 1u64.to_le_bytes()).expect("merge");
+    }
+    tree.flush().expect("flush");
+    let target = next_lsn(&tree);
+    assert!(target - start > 4 << 20, "the log is past its limit");
+    let written = tree.stats().write_backs;
+    let mut rounds = 0;
+    while replay_from(&tree) == start {
+        tree.shared().checkpoint_fuzzy().expect("fuzzy checkpoint");
+        rounds += 1;
+        assert!(rounds <= leaves, "the start never moved");
+        if rounds == 1 {
+            let copy = tempfile::tempdir().expect("tempdir");
+            crash::copy_dir(dir.path(), copy.path());
+            let crashed = Tree::open(config(copy.path())).expect("reopen");
+            for i in (0..n).step_by(89) {
+                let v = crashed.get(key(i)).expect("get").expect("present");
+                assert_eq!(v, 1u64.to_le_bytes(), "mid-move crash: key {i}");
+            }
+        }
+    }
+    assert_eq!(replay_from(&tree), target);
+    assert_eq!(rounds, leaves.div_ceil(super::SUPERSEDED_LEAST));
+    assert_eq!((tree.stats().write_backs - written) as usize, leaves);
+    let grown = (data() - before) as usize;
+    assert!(
+        grown <= super::SUPERSEDED_LEAST + leaves / 8,
+        "the file grew by {grown} pages for {leaves} leaves"
+    );
 }

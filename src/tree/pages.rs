@@ -49,6 +49,8 @@ pub(crate) struct Inspections {
     clean_at: Vec<Lsn>,
     /// The LSNs checkpoints took, ascending, from the oldest the log still holds.
     taken: VecDeque<Lsn>,
+    /// Where fuzzy checkpoints are moving replay's start to, a round at a time.
+    moving_to: Option<Lsn>,
 }
 
 impl Inspections {
@@ -58,6 +60,7 @@ impl Inspections {
         Inspections {
             clean_at: vec![lsn + 1; leaves],
             taken: VecDeque::from([lsn]),
+            moving_to: None,
         }
     }
 
@@ -82,14 +85,30 @@ impl Inspections {
     }
 
     /// The oldest LSN a checkpoint took at or after `from` (`None` if there is none).
-    pub(crate) fn oldest_taken_since(&self, from: Lsn) -> Option<Lsn> {
+    fn oldest_taken_since(&self, from: Lsn) -> Option<Lsn> {
         self.taken.iter().copied().find(|&l| l >= from)
+    }
+
+    /// Where replay's start moves to, for a checkpoint that took `lsn` and must keep less
+    /// log: the start a move in progress goes to, else the oldest LSN a checkpoint took at
+    /// or after `earliest`, else `lsn`. It stays the goal until a checkpoint starts replay
+    /// there or later, so that the leaves to write for it only ever get fewer.
+    pub(crate) fn move_start(&mut self, earliest: Lsn, lsn: Lsn) -> Lsn {
+        let to = self
+            .moving_to
+            .or_else(|| self.oldest_taken_since(earliest))
+            .unwrap_or(lsn);
+        self.moving_to = Some(to);
+        to
     }
 
     /// The log below `lsn` is gone: those LSNs can start no replay.
     pub(crate) fn released_before(&mut self, lsn: Lsn) {
         while self.taken.front().is_some_and(|&l| l < lsn) {
             self.taken.pop_front();
+        }
+        if self.moving_to.is_some_and(|to| to <= lsn) {
+            self.moving_to = None;
         }
     }
 }
@@ -354,6 +373,26 @@ mod tests {
         assert_eq!(seen.oldest_taken_since(121), None);
         seen.released_before(100);
         assert_eq!(seen.oldest_taken_since(0), Some(120));
+    }
+
+    #[test]
+    fn a_move_of_the_start_keeps_its_goal_until_replay_starts_there() {
+        let mut seen = Inspections::at_open(50, 0);
+        seen.took(80);
+        seen.took(120);
+        assert_eq!(seen.move_start(60, 130), 80);
+        // Later checkpoints, with a later window, keep going to 80.
+        seen.took(130);
+        assert_eq!(seen.move_start(125, 140), 80);
+        // A checkpoint that moved replay short of it (none does, but a failed one
+        // releases nothing) keeps the goal; one that reached it ends the move.
+        seen.released_before(50);
+        assert_eq!(seen.move_start(125, 140), 80);
+        seen.released_before(80);
+        assert_eq!(seen.move_start(125, 140), 130);
+        seen.released_before(140);
+        // Nothing taken in the window: the checkpoint's own LSN.
+        assert_eq!(seen.move_start(150, 160), 160);
     }
 
     #[test]

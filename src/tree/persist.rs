@@ -243,9 +243,10 @@ impl Shared {
     }
 
     /// A checkpoint that leaves unwritten the dirty leaves whose missing writes are all in
-    /// the log it keeps (`checkpoint.rs`): the log from where replay starts now, or, once
-    /// that outgrew `Config::checkpoint_log_bytes`, at most half of that. A full one when
-    /// writes are not logged or the tree holds large values.
+    /// the log it keeps (`checkpoint.rs`): the log from where replay starts now. Once that
+    /// outgrew `Config::checkpoint_log_bytes`, it is one round of moving the start to
+    /// within half of that. A full one when writes are not logged or the tree holds large
+    /// values.
     pub(crate) fn checkpoint_fuzzy(&self) -> Result<()> {
         self.checkpoint_with(Kind::Fuzzy, || {}).map(|_| ())
     }
@@ -263,8 +264,8 @@ impl Shared {
     }
 
     /// A checkpoint of kind `kind` (`Fuzzy` and `Round` are full where the tree does not
-    /// allow fuzzy ones); `between` runs after the first pass. `Ok(true)` if it left a dirty
-    /// leaf unwritten.
+    /// allow fuzzy ones); `between` runs after the first pass. `Ok(true)` if replay still
+    /// starts before its LSN: it left unwritten a dirty leaf that may lack an older write.
     fn checkpoint_with(&self, kind: Kind, between: impl FnOnce()) -> Result<bool> {
         let (Some(store), Some(dir), Some(wal)) = (
             self.storage().store(),
@@ -285,31 +286,33 @@ impl Shared {
         // its extent freed while a dirty leaf this checkpoint leaves unwritten references
         // it (`Blobs::ever_used`).
         let fuzzy = self.may_checkpoint_fuzzily();
-        let (from, budget) = match kind {
+        let start = self.journal().checkpoint_lsn();
+        let share = || {
+            let pages = self.storage().pages().checkpointed_pages();
+            (pages / SUPERSEDED_SHARE).max(SUPERSEDED_LEAST)
+        };
+        // Replay from where it starts now covers every dirty leaf that has a page with its
+        // current bounds: the last checkpoint left dirty only leaves it covered, and what was
+        // dirtied since was logged after it. What moves the start is written a share at a
+        // time: each round supersedes pages the next one reuses, so the file grows by a
+        // share of the leaves, not by every dirty one.
+        let (from, toward, budget) = match kind {
             // Replay keeps its start until the log since it outgrows the limit; then it
             // moves to the oldest start within half the limit (so the next move is due
-            // after as much log again), and the leaves that may lack older writes are
-            // written.
+            // after as much log again), in rounds (`Inspections::move_start`).
             Kind::Fuzzy if fuzzy => {
                 let limit = self.config().checkpoint_log_bytes;
-                let start = self.journal().checkpoint_lsn();
                 if self.journal().grew_past(limit) {
                     let earliest = lsn.saturating_sub(limit / 2).max(start);
-                    (seen.oldest_taken_since(earliest), 0)
+                    (Some(start), seen.move_start(earliest, lsn), share())
                 } else {
-                    (Some(start), 0)
+                    (Some(start), start, 0)
                 }
             }
-            // Where replay starts now, which covers every dirty leaf: written or not, they
-            // stay covered.
-            Kind::Round if fuzzy => {
-                let pages = self.storage().pages().checkpointed_pages();
-                let share = (pages / SUPERSEDED_SHARE).max(SUPERSEDED_LEAST);
-                (Some(self.journal().checkpoint_lsn()), share)
-            }
-            _ => (None, 0),
+            Kind::Round if fuzzy => (Some(start), lsn, share()),
+            _ => (None, lsn, 0),
         };
-        let mut plan = Plan::new(lsn, from, &mut seen).writing_at_most(budget);
+        let mut plan = Plan::new(lsn, from, &mut seen).toward(toward, budget);
         // Without a log to replay, the leaves written below must not catch a batch
         // half-applied: batches wait until the snapshot is taken (`rewind.rs`).
         let batches_held =
@@ -338,7 +341,7 @@ impl Shared {
         };
         drop(batches_held);
         let replay_from = plan.replay_from();
-        let left_dirty = replay_from != lsn;
+        let held_back = replay_from != lsn;
         let blobs = self.storage().blobs();
         let table = blobs.table(snapshot.iter().map(|l| l.page));
         // The pages hold every write applied before their leaf was written, some logged
@@ -364,7 +367,7 @@ impl Shared {
             seen.released_before(replay_from);
             self.journal().checkpointed(replay_from)?;
         }
-        result.map(|()| left_dirty)
+        result.map(|()| held_back)
     }
 }
 
