@@ -51,6 +51,11 @@ pub(crate) struct Inspections {
     taken: VecDeque<Lsn>,
     /// Where fuzzy checkpoints are moving replay's start to, a round at a time.
     moving_to: Option<Lsn>,
+    /// The log's end when the open's replay finished: the image LSN of every page written
+    /// back during replay (`Journal::image_lsn` is the log's end), which holds only the
+    /// records replayed before it was built. Such a page is exact for a leaf left clean
+    /// since, not for one dirtied again by later records.
+    replayed_to: Option<Lsn>,
 }
 
 impl Inspections {
@@ -61,7 +66,13 @@ impl Inspections {
             clean_at: vec![lsn + 1; leaves],
             taken: VecDeque::from([lsn]),
             moving_to: None,
+            replayed_to: None,
         }
+    }
+
+    /// The open's replay ended with the log at `end` (see `replayed_to`).
+    pub(crate) fn replayed_to(&mut self, end: Lsn) {
+        self.replayed_to = Some(end);
     }
 
     /// A checkpoint took `lsn` and is about to look at the leaves.
@@ -275,6 +286,11 @@ impl PageTracker {
             return false;
         };
         if matches!(t.last_change.get(&pid), Some(&(_, false))) {
+            return false;
+        }
+        // Maybe written back during replay, and so missing what replay applied after it (a
+        // page written after the open, before any new write, is refused too: harmless).
+        if seen.replayed_to == Some(lsn) {
             return false;
         }
         lsn >= from || seen.clean_since(pid, from)

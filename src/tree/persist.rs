@@ -217,6 +217,12 @@ pub(crate) fn open_on(
         lock,
     );
     shared.replay_log(&floors)?;
+    // Pages written back during replay are stamped with the log's end, not with how far
+    // replay had got: a fuzzy checkpoint must not list one under a leaf dirtied since.
+    if let Some(wal) = shared.journal().wal() {
+        let end = wal.next_lsn();
+        shared.storage().pages().one_at_a_time().replayed_to(end);
+    }
     match shared.finish_drops() {
         // A damaged catalog leaf answers its own reads with the error; the rest of the tree
         // opens, and the next open tries the unfinished drops again.
