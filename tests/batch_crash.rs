@@ -9,6 +9,8 @@
 //! child checkpoints every few milliseconds while batches commit). The cache is tiny, so
 //! evictions, splits and checkpoints are cut by the kill too.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -87,7 +89,9 @@ fn child(spec: &str) -> ! {
             .and_then(|c| c.parse::<u64>().ok())
             .unwrap_or(0),
     );
-    let tree = std::sync::Arc::new(Tree::open(config(dir.as_ref(), &mode)).expect("child open"));
+    let tree = std::sync::Arc::new(common::open_child(|| {
+        Tree::open(config(dir.as_ref(), &mode))
+    }));
     let spaces: Vec<_> = SPACES
         .iter()
         .map(|n| tree.keyspace(n).expect("keyspace"))

@@ -14,6 +14,8 @@
 //! - keyspaces load apart from each other (and a dropped one refuses);
 //! - an in-memory tree keeps the same contract.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -474,7 +476,7 @@ fn crash_record(cycle: u64, i: u64) -> (Vec<u8>, Vec<u8>) {
 fn child(spec: &str) -> ! {
     let (dir, cycle) = spec.split_once(',').expect("spec");
     let cycle: u64 = cycle.parse().expect("cycle");
-    let tree = Tree::open(crash_config(dir.as_ref(), cycle)).expect("child open");
+    let tree = common::open_child(|| Tree::open(crash_config(dir.as_ref(), cycle)));
     for i in 0..100 {
         tree.insert(format!("a-{cycle:03}-{i:03}"), b"own")
             .expect("insert");

@@ -8,6 +8,8 @@
 //! before the damage, and a flipped byte in a segment before the last is `Corruption` naming
 //! that segment.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -85,7 +87,7 @@ fn config(dir: &Path) -> Config {
 
 /// The child: run the history with one checkpoint, sync the log, exit without closing.
 fn child(dir: &str) -> ! {
-    let tree = Tree::open(config(dir.as_ref())).expect("child open");
+    let tree = common::open_child(|| Tree::open(config(dir.as_ref())));
     for (i, op) in history().iter().enumerate() {
         if i == BEFORE_CHECKPOINT {
             tree.checkpoint().expect("child checkpoint");

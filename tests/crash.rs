@@ -7,6 +7,8 @@
 //! the default staging ring, with a ring small enough that the writer fills it and writes
 //! it out itself, and with no ring.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -57,7 +59,7 @@ fn child(spec: &str) -> ! {
             .and_then(|c| c.parse::<u64>().ok())
             .unwrap_or(0),
     );
-    let tree = Tree::open(config(dir.as_ref(), &mode)).expect("child open");
+    let tree = common::open_child(|| Tree::open(config(dir.as_ref(), &mode)));
     let mut out = std::io::stdout().lock();
     writeln!(out, "OPEN")
         .and_then(|()| out.flush())

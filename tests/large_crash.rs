@@ -24,6 +24,8 @@
 
 #![cfg(unix)]
 
+mod common;
+
 use std::fmt::{self, Write as _};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -209,33 +211,6 @@ fn say(out: &mut impl Write, line: &str) {
         .expect("stdout");
 }
 
-/// Opens the tree in the child. The parent's other tests spawn children too, and a child
-/// holds a copy of the parent's descriptors (this test's `LOCK` among them, while the
-/// parent verifies) from its fork until its `exec` closes them; a lock still held that way
-/// for a moment after the parent closed the tree is waited out, for at most 5 s.
-fn open_child(dir: &Path, mode: &str) -> Tree {
-    let start = Instant::now();
-    let mut waited = false;
-    loop {
-        match Tree::open(config(dir, mode)) {
-            Ok(tree) => {
-                if waited {
-                    eprintln!("child open waited {:?} for the lock", start.elapsed());
-                }
-                return tree;
-            }
-            Err(bfkv::Error::Locked { .. }) if start.elapsed() < Duration::from_secs(5) => {
-                waited = true;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!(
-                "child open ({:?} after the first try): {e:?}",
-                start.elapsed()
-            ),
-        }
-    }
-}
-
 /// The child: open (recovering), then write forever, reporting `P op` before and `A` after
 /// each acknowledged write (and `F` after each flush under `None`).
 fn child(spec: &str) -> ! {
@@ -249,7 +224,9 @@ fn child(spec: &str) -> ! {
             .unwrap_or(0),
     );
     let inline = config(dir.as_ref(), &mode).limits().max_record_len - KEY_LEN;
-    let tree = Arc::new(open_child(dir.as_ref(), &mode));
+    let tree = Arc::new(common::open_child(|| {
+        Tree::open(config(dir.as_ref(), &mode))
+    }));
     // One cycle in three without extra checkpoints (a longer log to replay), the others
     // with a checkpoint every 3 or 20 ms running alongside the writes.
     if let Some(period) = [None, Some(3), Some(20)][(cycle % 3) as usize] {

@@ -13,6 +13,8 @@
 //! without the merge operator: a log holding merges must refuse to open then. The cache is tiny, so the
 //! operands are folded by evictions and checkpoints all the time.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -110,7 +112,9 @@ fn child(spec: &str) -> ! {
             .and_then(|c| c.parse::<u64>().ok())
             .unwrap_or(0),
     );
-    let tree = std::sync::Arc::new(Tree::open(config(dir.as_ref(), &mode)).expect("child open"));
+    let tree = std::sync::Arc::new(common::open_child(|| {
+        Tree::open(config(dir.as_ref(), &mode))
+    }));
     let spaces: Vec<_> = SPACES
         .iter()
         .map(|n| tree.keyspace(n).expect("keyspace"))
