@@ -55,6 +55,13 @@ struct Args {
     /// Page-store backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     io_backend: BackendArg,
+    /// Log kept past where replay starts before a checkpoint moves it
+    /// (`Config::checkpoint_log_bytes`; default: `Config`'s).
+    #[arg(long, value_parser = parse_size)]
+    checkpoint_log: Option<usize>,
+    /// Log segment file size (default: `Config`'s).
+    #[arg(long, value_parser = parse_size)]
+    log_segment: Option<usize>,
     /// Seconds per workload (ignored with --ops).
     #[arg(long, default_value_t = 8.0)]
     duration: f64,
@@ -273,14 +280,43 @@ fn progress_bar(phase: Phase, len: u64, hidden: bool) -> ProgressBar {
 }
 
 /// Total size of the regular files directly in `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .filter_map(|e| e.ok()?.metadata().ok())
-            .filter(std::fs::Metadata::is_file)
-            .map(|m| m.len())
-            .sum()
-    })
+/// What the tree's directory holds on disk: its data and checkpoint files (their lengths),
+/// and its log (the blocks the `wal/` files occupy: segments are allocated ahead).
+#[derive(Clone, Copy)]
+struct Disk {
+    data: u64,
+    log: u64,
+}
+
+impl Disk {
+    fn of(dir: &Path) -> Disk {
+        Disk {
+            data: files_in(dir).map(|m| m.len()).sum(),
+            log: files_in(&dir.join("wal")).map(|m| allocated(&m)).sum(),
+        }
+    }
+}
+
+fn files_in(dir: &Path) -> impl Iterator<Item = std::fs::Metadata> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(std::fs::Metadata::is_file)
+}
+
+#[cfg(unix)]
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(m) * 512
+}
+
+#[cfg(not(unix))]
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    m.len()
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
 }
 
 /// Peak resident set of this process in bytes (Linux; 0 elsewhere).
@@ -326,7 +362,7 @@ fn print_table(results: &[PhaseResult]) {
 }
 
 /// Prints the results as one JSON object.
-fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
+fn print_json(args: &Args, results: &[PhaseResult], disk: (Disk, Disk)) {
     let distribution = match args.distribution {
         Distribution::Uniform => "\"uniform\"".to_string(),
         Distribution::Zipf(t) => format!("\"zipf:{t}\""),
@@ -363,7 +399,8 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
         concat!(
             "{{\"records\":{},\"key_size\":{},\"value_size\":{},\"distribution\":{},",
             "\"threads\":{},\"cache_size\":{},\"durability\":\"{:?}\",",
-            "\"disk_bytes_after_load\":{},\"disk_bytes_at_end\":{},\"peak_rss\":{},",
+            "\"disk_bytes_after_load\":{},\"disk_bytes_at_end\":{},",
+            "\"log_bytes_after_load\":{},\"log_bytes_at_end\":{},\"peak_rss\":{},",
             "\"phases\":[{}]}}"
         ),
         args.records,
@@ -373,8 +410,10 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (u64, u64)) {
         args.threads,
         args.cache_size,
         args.durability,
-        disk.0,
-        disk.1,
+        disk.0.data,
+        disk.1.data,
+        disk.0.log,
+        disk.1.log,
         peak_rss(),
         phases.join(",")
     );
@@ -402,10 +441,16 @@ fn run(args: &Args) -> Result<(), BoxError> {
         BackendArg::Uring => IoBackend::IoUring,
         BackendArg::Pread => IoBackend::Pread,
     };
-    let config = Config::new(&dir)
+    let mut config = Config::new(&dir)
         .cache_size(args.cache_size)
         .durability(durability)
         .io_backend(backend);
+    if let Some(bytes) = args.checkpoint_log {
+        config = config.checkpoint_log_bytes(bytes as u64);
+    }
+    if let Some(bytes) = args.log_segment {
+        config = config.log_segment_size(bytes as u64);
+    }
     let engine = Bfkv(Tree::open(config)?);
     let raw = args.records * (args.key_size + args.value_size) as u64;
     eprintln!(
@@ -422,20 +467,22 @@ fn run(args: &Args) -> Result<(), BoxError> {
     );
     let next_insert = Arc::new(AtomicU64::new(args.records));
     let mut results = vec![run_phase(&engine, args, Phase::Load, &next_insert)?];
-    let after_load = dir_bytes(&dir);
+    let after_load = Disk::of(&dir);
     for &phase in &args.workloads {
         results.push(run_phase(&engine, args, phase, &next_insert)?);
     }
     engine.0.close()?;
-    let at_end = dir_bytes(&dir);
+    let at_end = Disk::of(&dir);
     if args.json {
         print_json(args, &results, (after_load, at_end));
     } else {
         print_table(&results);
         println!(
-            "disk: {:.1} MiB after load, {:.1} MiB at end; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
-            after_load as f64 / f64::from(1 << 20),
-            at_end as f64 / f64::from(1 << 20),
+            "disk: {:.1} MiB data + {:.1} MiB log after load, {:.1} + {:.1} MiB at end; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
+            mib(after_load.data),
+            mib(after_load.log),
+            mib(at_end.data),
+            mib(at_end.log),
             peak_rss() as f64 / f64::from(1 << 20),
         );
     }

@@ -14,7 +14,7 @@ pub(crate) const DEFAULT_PAGE_SIZE: usize = 4 << 10;
 /// Default size of the `Buffered` log's staging ring (bytes; see [`Config::log_staging_size`]).
 pub(crate) const DEFAULT_LOG_STAGING_SIZE: usize = 8 << 20;
 /// Default log segment size (bytes; see [`Config::log_segment_size`]).
-pub(crate) const DEFAULT_LOG_SEGMENT_SIZE: u64 = 64 << 20;
+pub(crate) const DEFAULT_LOG_SEGMENT_SIZE: u64 = 16 << 20;
 /// Default circular-buffer size (bytes).
 pub(crate) const DEFAULT_CACHE_SIZE: usize = 64 << 20;
 
@@ -388,11 +388,11 @@ impl Config {
         self
     }
 
-    /// Size of each write-ahead log segment file (4 KiB to 4 GiB). Default 64 MiB. Hidden:
+    /// Size of each write-ahead log segment file (4 KiB to 4 GiB). Default 16 MiB. Hidden:
     /// the damaged-file tests and benchmarks use small segments to have many of them.
     ///
     /// ```
-    /// let config = bfkv::Config::in_memory().log_segment_size(16 << 20);
+    /// let config = bfkv::Config::in_memory().log_segment_size(4 << 20);
     /// assert!(config.validate().is_ok());
     /// ```
     #[doc(hidden)]
