@@ -373,6 +373,8 @@ impl Shared {
             seen.released_before(replay_from);
             self.journal().checkpointed(replay_from)?;
         }
+        // The snapshot of every leaf was built and freed here: give its memory back.
+        crate::sys::release_free_memory();
         result.map(|()| held_back)
     }
 }
