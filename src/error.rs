@@ -58,7 +58,9 @@ pub enum Error {
         /// What check failed.
         reason: &'static str,
     },
-    /// The directory is already opened by another `Tree`, in this or another process.
+    /// The directory is already opened by another `Tree`, in this or another process (still
+    /// so after a second of trying: a child process being started holds a copy of the lock
+    /// until it runs its program).
     Locked {
         /// The locked directory.
         path: PathBuf,

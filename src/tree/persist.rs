@@ -46,6 +46,9 @@ enum Kind {
     Round,
 }
 
+/// How long `open` keeps trying a directory lock that looks held (`DirLock::acquire`).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The advisory lock that keeps a directory to one open `Tree`.
 pub(crate) struct DirLock {
     file: Mutex<Option<File>>,
@@ -62,10 +65,17 @@ impl DirLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        if !crate::sys::try_lock(&file).map_err(|e| Error::io(&path, e))? {
-            return Err(Error::Locked {
-                path: dir.to_path_buf(),
-            });
+        // A child this process forks holds a copy of every descriptor until its `exec`
+        // closes them, the lock of a tree closed here a moment ago among them: what looks
+        // held may be that, so it is tried again for a short while before `Locked`.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        while !crate::sys::try_lock(&file).map_err(|e| Error::io(&path, e))? {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Locked {
+                    path: dir.to_path_buf(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
         Ok(DirLock {
             file: Mutex::new(Some(file)),
@@ -428,6 +438,29 @@ mod tests {
         let third = crate::Tree::open(Config::new(copy.path())).expect("reopen");
         assert_eq!(third.get(b"a").expect("get"), Some(b"1".to_vec()));
         assert_eq!(third.get(b"b").expect("get"), Some(b"2".to_vec()));
+    }
+
+    /// A lock that is let go within `LOCK_WAIT` (here by a tree closed on another thread;
+    /// in the case it is for, by a forked child's `exec`) is waited for; one that is not
+    /// gives `Locked`, after the wait.
+    #[test]
+    #[cfg(not(shuttle))]
+    fn open_waits_briefly_for_a_lock_being_let_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config::new(dir.path());
+        let first = crate::Tree::open(config.clone()).expect("open");
+        let started = std::time::Instant::now();
+        match crate::Tree::open(config.clone()) {
+            Err(Error::Locked { .. }) => assert!(started.elapsed() >= LOCK_WAIT),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(LOCK_WAIT / 5);
+            drop(first);
+        });
+        let second = crate::Tree::open(config).expect("the lock was let go meanwhile");
+        closer.join().expect("closer");
+        drop(second);
     }
 
     #[test]
