@@ -134,9 +134,9 @@ pub(crate) fn private_options() -> OpenOptions {
 
 /// Gives the C allocator's free memory back to the system (glibc's `malloc_trim`; nothing
 /// elsewhere). A checkpoint builds a snapshot of every leaf (a few MiB for 65k leaves) and
-/// frees it; glibc keeps such a peak resident in the arena of the thread that freed it, and
-/// checkpoints that follow each other (rounds) raised the resident set by their peaks
-/// (`tests/memory.rs`: 63-67 MiB of growth without this, 56-58 with it).
+/// frees it; glibc keeps such a peak resident in the arena of the thread that freed it, so
+/// checkpoints that follow each other (rounds) would leave the resident set at their peak
+/// (`tests/memory.rs` bounds it).
 pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` takes no pointer and only returns free pages to the system;
