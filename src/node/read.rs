@@ -232,6 +232,13 @@ impl<'a> NodeRef<'a> {
         }
     }
 
+    /// Whether every record's key lies within `low` (inclusive) and `high` (exclusive);
+    /// `None` is unbounded.
+    pub(crate) fn keys_within(&self, low: Option<&[u8]>, high: Option<&[u8]>) -> bool {
+        low.is_none_or(|l| self.lower_bound(l) == 0)
+            && high.is_none_or(|h| self.lower_bound(h) == self.len())
+    }
+
     /// Index of the first record whose key is `>= key`.
     pub(crate) fn lower_bound(&self, key: &[u8]) -> usize {
         match self.search(key) {

@@ -596,3 +596,25 @@ fn bounds_check_accepts_built_nodes_and_rejects_out_of_bounds_records() {
     assert!(NodeRef::from_checksummed(&swapped).is_ok());
     assert!(NodeRef::from_bytes_checked(&swapped).is_err());
 }
+
+#[test]
+fn keys_within_compares_the_first_and_last_keys_with_the_bounds() {
+    let mut b = buf(4096);
+    let mut node = NodeMut::init(&mut b, NodeKind::Leaf, Some(b"k10"), Some(b"k20"));
+    for k in [&b"k10"[..], b"k15", b"k19"] {
+        node.push_sorted(k, b"v", RecordKind::Insert).unwrap();
+    }
+    let n = node.as_ref();
+    assert!(n.keys_within(Some(b"k10"), Some(b"k20")));
+    assert!(n.keys_within(None, None));
+    assert!(n.keys_within(Some(b"a"), Some(b"k19\0")));
+    // The first key below the low bound, the last at or past the high one.
+    assert!(!n.keys_within(Some(b"k11"), None));
+    assert!(!n.keys_within(None, Some(b"k19")));
+    // Bounds that do not share the node's prefix sort before or after every key.
+    assert!(!n.keys_within(Some(b"m"), None));
+    assert!(!n.keys_within(None, Some(b"a")));
+    let mut e = buf(512);
+    let empty = NodeMut::init(&mut e, NodeKind::Leaf, None, None);
+    assert!(empty.as_ref().keys_within(Some(b"z"), Some(b"a\0")));
+}

@@ -41,6 +41,8 @@ struct DiskState {
     fail_write_at: Option<u64>,
     /// The flush (by count) that fails with EIO.
     fail_sync_at: Option<u64>,
+    /// The write (by count) that succeeds but never reaches the disk (a lost write).
+    lose_write_at: Option<u64>,
     /// The write (by count) at which power is cut, and whether that write tears.
     cut_at: Option<(u64, bool)>,
     /// Power is off: writes are dropped, flushes do nothing.
@@ -155,6 +157,10 @@ impl Disk for Arc<FaultDisk> {
                 state.fail_write_at = None;
                 return Err(eio());
             }
+            if state.lose_write_at == Some(n) {
+                state.lose_write_at = None;
+                continue;
+            }
             if let Some((at, torn)) = state.cut_at {
                 if n == at {
                     state.powered_off = true;
@@ -234,6 +240,14 @@ impl FaultStore {
     pub(crate) fn fail_nth_write(&self, n: u64) {
         let mut state = self.disk.state.lock();
         state.fail_write_at = Some(state.writes + n.max(1));
+    }
+
+    /// The `n`-th page write from now (1 = the next) succeeds but never reaches the disk,
+    /// once: reads of that page go on returning what it held before.
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn lose_nth_write(&self, n: u64) {
+        let mut state = self.disk.state.lock();
+        state.lose_write_at = Some(state.writes + n.max(1));
     }
 
     /// The `n`-th flush from now (1 = the next) fails with EIO, once.

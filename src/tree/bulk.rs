@@ -35,7 +35,7 @@
 //! recovers from the last one, which names none of the new pages.
 
 use super::evict::Action;
-use super::inner::{Entry, Seek};
+use super::inner::{Bounds, Entry, Seek};
 use super::keyspace::{Prefix, Space};
 use super::leaf::node_records;
 use super::outline::Stored;
@@ -303,11 +303,16 @@ impl<'s> Loader<'s> {
         let path = shared.index().descend(&guard, Seek::Key(&self.first));
         let pid = path.leaf();
         let mut page = shared.pool().write(pid);
-        let (low, high) = path.bounds();
-        if high.as_deref().is_some_and(|h| self.last.as_slice() >= h) {
+        let bounds = path.bounds();
+        if bounds
+            .1
+            .as_deref()
+            .is_some_and(|h| self.last.as_slice() >= h)
+        {
             return Err(refused(SPAN_CROSSES));
         }
-        let (old, old_disk) = self.old_records(&page)?;
+        let (old, old_disk) = self.old_records(&page, &bounds)?;
+        let (low, high) = bounds;
         let below = old.partition_point(|r| r.key.as_slice() < self.first.as_slice());
         let above = old.partition_point(|r| r.key.as_slice() <= self.last.as_slice());
         if below < above {
@@ -378,15 +383,19 @@ impl<'s> Loader<'s> {
         Ok(())
     }
 
-    /// Every present record of the write-locked leaf `page`, as its write-back would write
-    /// them, and its disk page. A damaged leaf is `Corruption`: its lost keys may be in the
-    /// span.
-    fn old_records(&self, page: &WriteGuard<'_>) -> Result<(Vec<Record>, Option<u64>)> {
+    /// Every present record of the write-locked leaf `page` (with `bounds`), as its
+    /// write-back would write them, and its disk page. A damaged leaf is `Corruption`: its
+    /// lost keys may be in the span.
+    fn old_records(
+        &self,
+        page: &WriteGuard<'_>,
+        bounds: &Bounds,
+    ) -> Result<(Vec<Record>, Option<u64>)> {
         let shared = self.shared;
         let Some(bytes) = page.mini() else {
             return match page.location() {
                 Location::Disk(p) if p != NO_PAGE => {
-                    Ok((shared.leaf_records(None, Some(p))?, Some(p)))
+                    Ok((shared.leaf_records(bounds, None, Some(p))?, Some(p)))
                 }
                 _ => Ok((Vec::new(), None)),
             };
@@ -394,7 +403,7 @@ impl<'s> Loader<'s> {
         let node = NodeRef::from_bytes(bytes);
         let disk = node.disk_page();
         if node.kind() != NodeKind::Leaf {
-            return Ok((shared.leaf_records(Some(node), disk)?, disk));
+            return Ok((shared.leaf_records(bounds, Some(node), disk)?, disk));
         }
         // A full-page mirror holds every record of its leaf.
         if node.flags() & FLAG_DAMAGED != 0 {

@@ -277,7 +277,7 @@ impl Shared {
             let mut undo: Undo = Vec::with_capacity(writes.len());
             for h in &held {
                 for (key, _) in &writes[h.writes.clone()] {
-                    undo.push((key.clone(), self.value_in_leaf(&h.page, key)?));
+                    undo.push((key.clone(), self.value_in_leaf(&h.path, &h.page, key)?));
                 }
             }
             Some(undo)
@@ -349,7 +349,12 @@ impl Shared {
     }
 
     /// The records `writes` put into a locked leaf's node as it is now.
-    fn records_for<'w>(&self, page: &WriteGuard<'_>, writes: &'w [Write]) -> Result<Vec<Rec<'w>>> {
+    fn records_for<'w>(
+        &self,
+        path: &Path<'_>,
+        page: &WriteGuard<'_>,
+        writes: &'w [Write],
+    ) -> Result<Vec<Rec<'w>>> {
         writes
             .iter()
             .map(|(key, change)| {
@@ -357,7 +362,7 @@ impl Shared {
                     Change::Put(v) => (Cow::Borrowed(&v[..]), RecordKind::Insert),
                     Change::Delete => (Cow::Borrowed(&[][..]), RecordKind::Tombstone),
                     Change::Merge(ops) => {
-                        let (v, kind) = self.resolve_merge(page, key, ops)?;
+                        let (v, kind) = self.resolve_merge(path, page, key, ops)?;
                         (Cow::Owned(v), kind)
                     }
                 };
@@ -382,7 +387,7 @@ impl Shared {
                 };
                 let node = NodeRef::from_bytes(bytes);
                 let prefix_ok = writes.iter().all(|(k, _)| k.starts_with(node.prefix()));
-                let recs = self.records_for(page, writes)?;
+                let recs = self.records_for(path, page, writes)?;
                 return if node.kind() == NodeKind::Leaf {
                     self.plan_mirror(path, page, writes, recs, prefix_ok)
                 } else {
@@ -390,7 +395,7 @@ impl Shared {
                 };
             }
         };
-        let recs = self.records_for(page, writes)?;
+        let recs = self.records_for(path, page, writes)?;
         let writes_of = |r: &&Rec<'_>| disk != NO_PAGE || r.kind != RecordKind::Tombstone;
         if !recs.iter().any(|r| writes_of(&r)) {
             return Ok(Step::Done(Plan::Nothing));
@@ -421,7 +426,7 @@ impl Shared {
         }
         // Too many for a mini-page: the whole leaf as a mirror.
         let disk = (disk != NO_PAGE).then_some(disk);
-        let records = self.leaf_records(None, disk)?;
+        let records = self.leaf_records(&path.bounds(), None, disk)?;
         self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }
 
@@ -496,7 +501,7 @@ impl Shared {
         }
         // Past the threshold: the mini-page merged with its disk leaf, as a mirror.
         let disk = node.disk_page();
-        let records = self.leaf_records(Some(node), disk)?;
+        let records = self.leaf_records(&path.bounds(), Some(node), disk)?;
         self.counters().count(Event::Merge);
         self.plan_rebuilt(path, page, writes, &records, disk, 0)
     }

@@ -6,7 +6,7 @@
 //! last checkpoint intact.
 
 use super::index::SmoGuard;
-use super::inner::{Entry, Seek};
+use super::inner::{Bounds, Entry, Seek};
 use super::leaf::{live_records, node_records, with_page_buf};
 use super::page_batch::PageBatch;
 use super::stats::Event;
@@ -152,50 +152,38 @@ impl Shared {
         if !needs_write_back(node) {
             return Ok(Step::Done(Action::Nothing));
         }
-        let (records, route_key, damaged) = if node.kind() == NodeKind::Leaf {
-            let records = node_records(node);
-            let route = match records.first() {
-                Some(r) => Some(r.key.to_vec()),
-                // An emptied mirror (its removal found the structure lock busy): its low
-                // bound routes to it, and stays its own while its lock is held.
-                None => self
-                    .index()
-                    .leaves()
-                    .into_iter()
-                    .find(|&(_, p)| p == pid)
-                    .map(|(low, _)| low),
-            };
-            (records, route, node.flags() & FLAG_DAMAGED != 0)
-        } else {
-            let mut route = Vec::new();
-            node.key_into(0, &mut route);
-            let (records, damaged) = match disk {
-                Some(p) => match self.merge_in_place(pid, node, p, after, batch.as_deref_mut())? {
+        let mirror = (node.kind() == NodeKind::Leaf).then(|| node_records(node));
+        let route_key = match mirror.as_ref().map(|records| records.first()) {
+            Some(Some(r)) => Some(r.key.to_vec()),
+            // An emptied mirror (its removal found the structure lock busy): its low bound
+            // routes to it, and stays its own while its lock is held.
+            Some(None) => self
+                .index()
+                .leaves()
+                .into_iter()
+                .find(|&(_, p)| p == pid)
+                .map(|(low, _)| low),
+            None => {
+                let mut route = Vec::new();
+                node.key_into(0, &mut route);
+                Some(route)
+            }
+        };
+        let Some(bounds) = self.bounds_of(pid, route_key.as_deref()) else {
+            return Ok(Step::Restart(Restart::Retry));
+        };
+        let (records, damaged) = match (mirror, disk) {
+            (Some(records), _) => (records, node.flags() & FLAG_DAMAGED != 0),
+            (None, Some(p)) => {
+                match self.merge_in_place(pid, node, p, &bounds, after, batch.as_deref_mut())? {
                     Merged::Written(action) => return Ok(Step::Done(action)),
                     Merged::Fallback(records, damaged) => (records, damaged),
-                },
-                None => (self.live_folded(node)?, false),
-            };
-            (records, Some(route), damaged)
+                }
+            }
+            (None, None) => (self.live_folded(node)?, false),
         };
         self.counters().count(Event::WriteBack);
-
-        let guard = sync::pin();
-        // Bounds come from the structure: any key the leaf holds routes to it while we hold
-        // its lock. A leaf with no key at all is written with its own (hint) fences.
-        let path = route_key
-            .as_deref()
-            .map(|k| self.index().descend(&guard, Seek::Key(k)));
-        if let Some(p) = &path {
-            if p.leaf() != pid {
-                debug_assert!(false, "leaf lock held but its key routes elsewhere");
-                return Ok(Step::Restart(Restart::Retry));
-            }
-        }
-        let (low, high) = match &path {
-            Some(p) => p.bounds(),
-            None => (None, None),
-        };
+        let (low, high) = bounds;
 
         // An emptied damaged leaf stays: removing it would make its lost keys read as absent.
         if records.is_empty() && !damaged {
@@ -257,6 +245,23 @@ impl Shared {
         Ok(Step::Done(self.moved(pid, disk, new_page, after, lsn)))
     }
 
+    /// The bounds of write-locked leaf `pid`, found by `route`, a key it holds (`None`: a
+    /// leaf with no key at all, written with its own hint fences). `None` if the key routes
+    /// elsewhere, which the leaf's lock rules out.
+    fn bounds_of(&self, pid: PageId, route: Option<&[u8]>) -> Option<Bounds> {
+        let Some(key) = route else {
+            return Some((None, None));
+        };
+        // Any key the leaf holds routes to it while we hold its lock.
+        let guard = sync::pin();
+        let path = self.index().descend(&guard, Seek::Key(key));
+        if path.leaf() != pid {
+            debug_assert!(false, "leaf lock held but its key routes elsewhere");
+            return None;
+        }
+        Some(path.bounds())
+    }
+
     /// Builds one leaf of `records` between the fences in `buf`.
     pub(super) fn build_leaf(
         &self,
@@ -303,6 +308,7 @@ impl Shared {
         pid: PageId,
         mini: NodeRef<'_>,
         disk: u64,
+        (low, high): &Bounds,
         after: AfterWrite,
         batch: Option<&mut PageBatch>,
     ) -> Result<Merged> {
@@ -312,7 +318,10 @@ impl Shared {
         // Given the leaf's page in `buf`: the merged leaf, or the records to fall back with.
         // The page passed its checksum; the merge keeps its flags (a damaged leaf stays so).
         let merge = |buf: &mut PageBuf| -> Result<Option<(Vec<Record>, bool)>> {
-            let damaged = self.storage().check_leaf(disk, buf)?.flags() & FLAG_DAMAGED != 0;
+            let leaf = self
+                .storage()
+                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
+            let damaged = leaf.flags() & FLAG_DAMAGED != 0;
             let merged = NodeMut::from_bytes(buf).merge_from(mini);
             // On failure `merge_from` left the leaf unchanged; an emptied leaf is unlinked
             // by the general path.

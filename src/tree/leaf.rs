@@ -177,7 +177,7 @@ impl Shared {
                 if kind == RecordKind::Upsert {
                     // Pending merges: fold them over the leaf page's value.
                     self.counters().count(Event::CacheMiss);
-                    let base = self.disk_value(node.disk_page(), key)?;
+                    let base = self.disk_value(path, node.disk_page(), key)?;
                     let folded = self.fold(key, base.as_deref(), value)?;
                     return Ok(Lookup::answer(folded.as_deref(), out));
                 }
@@ -206,7 +206,10 @@ impl Shared {
         self.counters().count(Event::CacheMiss);
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
-            let leaf = self.storage().check_leaf(disk, buf)?;
+            let (low, high) = path.bounds();
+            let leaf = self
+                .storage()
+                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
             let found = leaf.get(key);
             if found.is_none() && leaf.flags() & FLAG_DAMAGED != 0 {
                 return Err(self.storage().corruption(
@@ -251,24 +254,25 @@ impl Shared {
     /// node does not decide it. Caches nothing: the caller is about to write the key.
     pub(super) fn value_in_leaf(
         &self,
+        path: &Path<'_>,
         page: &WriteGuard<'_>,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>> {
         let Some(bytes) = page.mini() else {
             return match page.location() {
-                Location::Disk(p) => self.disk_value(Some(p), key),
+                Location::Disk(p) => self.disk_value(path, Some(p), key),
                 Location::Mini(_) => Ok(None),
             };
         };
         let node = NodeRef::from_bytes(bytes);
         match node.get(key) {
             Some((_, RecordKind::Upsert, list)) => {
-                let base = self.disk_value(node.disk_page(), key)?;
+                let base = self.disk_value(path, node.disk_page(), key)?;
                 self.fold(key, base.as_deref(), list)
             }
             Some((_, kind, value)) => Ok(kind.exists().then(|| value.to_vec())),
             None if node.kind() == NodeKind::Leaf => Ok(None),
-            None => self.disk_value(node.disk_page(), key),
+            None => self.disk_value(path, node.disk_page(), key),
         }
     }
 
@@ -278,6 +282,7 @@ impl Shared {
     /// (an Insert, or a Tombstone when the operator removes the key).
     pub(super) fn resolve_merge(
         &self,
+        path: &Path<'_>,
         page: &WriteGuard<'_>,
         key: &[u8],
         ops: &[u8],
@@ -310,7 +315,7 @@ impl Shared {
             return Ok((pending, RecordKind::Upsert));
         }
         // Too many pending operands for one record: fold them over the page's value.
-        let base = self.disk_value(Some(disk), key)?;
+        let base = self.disk_value(path, Some(disk), key)?;
         Ok(folded(self.fold(key, base.as_deref(), &pending)?))
     }
 
@@ -348,7 +353,7 @@ impl Shared {
             let resolved;
             let (value, kind) = match merge {
                 Some(ops) => {
-                    resolved = self.resolve_merge(page, key, ops)?;
+                    resolved = self.resolve_merge(path, page, key, ops)?;
                     (&resolved.0[..], resolved.1)
                 }
                 None => (value, kind),

@@ -10,6 +10,7 @@
 //! nothing there buffers a new list. Only when the list would outgrow a value does a merge
 //! read the leaf's page to fold it. Leaf pages on disk never hold an `Upsert` record.
 
+use super::inner::Path;
 use super::keyspace::{user_key, Space};
 use super::leaf::with_page_buf;
 use super::{Shared, WriteOp, FLAG_DAMAGED, NO_PAGE};
@@ -136,18 +137,27 @@ impl Shared {
         Ok(value)
     }
 
-    /// The value of stored key `key` in leaf page `disk` (`None` or [`NO_PAGE`]: no page).
+    /// The value of stored key `key` in leaf page `disk` (`None` or [`NO_PAGE`]: no page) of
+    /// the leaf at the end of `path`.
     ///
     /// # Errors
-    /// `Io` or `Corruption` reading the page; `Corruption` if the key is absent from a
-    /// damaged leaf (it may have been lost).
-    pub(crate) fn disk_value(&self, disk: Option<u64>, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// `Io` or `Corruption` reading the page (`Storage::check_leaf_in`); `Corruption` if the
+    /// key is absent from a damaged leaf (it may have been lost).
+    pub(crate) fn disk_value(
+        &self,
+        path: &Path<'_>,
+        disk: Option<u64>,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
             return Ok(None);
         };
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
-            let leaf = self.storage().check_leaf(disk, buf)?;
+            let (low, high) = path.bounds();
+            let leaf = self
+                .storage()
+                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
             match leaf.get(key) {
                 Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
                 None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(

@@ -6,7 +6,7 @@
 //! Like `leaf.rs`, everything here runs with the leaf's lock held, and a function that
 //! needs memory it cannot get restarts before changing anything.
 
-use super::inner::{Entry, Path};
+use super::inner::{Bounds, Entry, Path};
 use super::leaf::{node_records, with_page_buf, Written};
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};
@@ -78,10 +78,11 @@ impl Shared {
         };
         let mini = NodeRef::from_bytes(bytes);
         let disk = mini.disk_page();
-        let records = self.leaf_records(Some(mini), disk)?;
+        let bounds = path.bounds();
+        let records = self.leaf_records(&bounds, Some(mini), disk)?;
         let dirty = mini.dirty_count() > 0;
         self.counters().count(Event::Merge);
-        let (low, high) = path.bounds();
+        let (low, high) = bounds;
         let groups = self.leaf_groups(&records, low.as_deref(), high.as_deref(), false);
         if groups.len() > 1 {
             // The merged records need several leaves. After the split the pending write may
@@ -117,15 +118,16 @@ impl Shared {
         Ok(Step::Done(()))
     }
 
-    /// Every record of a leaf whose buffered node is `mini` (if any) over disk page `disk`
-    /// (if any): the disk leaf's records with the mini-page's merged over them (newest wins,
-    /// tombstones hide), as a mirror of the leaf would hold them.
+    /// Every record of a leaf with `bounds` whose buffered node is `mini` (if any) over disk
+    /// page `disk` (if any): the disk leaf's records with the mini-page's merged over them
+    /// (newest wins, tombstones hide), as a mirror of the leaf would hold them.
     ///
     /// # Errors
-    /// `Io` or `Corruption` reading the page; `Corruption` for a damaged leaf, which a
-    /// mirror (claiming every record) cannot stand for.
+    /// `Io` or `Corruption` reading the page (`Storage::check_leaf_in`); `Corruption` for a
+    /// damaged leaf, which a mirror (claiming every record) cannot stand for.
     pub(super) fn leaf_records(
         &self,
+        bounds: &Bounds,
         mini: Option<NodeRef<'_>>,
         disk: Option<u64>,
     ) -> Result<Vec<Record>> {
@@ -137,7 +139,10 @@ impl Shared {
         };
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(p, buf)?;
-            let leaf = self.storage().check_leaf(p, buf)?;
+            let (low, high) = bounds;
+            let leaf = self
+                .storage()
+                .check_leaf_in(p, buf, low.as_deref(), high.as_deref())?;
             if leaf.flags() & FLAG_DAMAGED != 0 {
                 return Err(self
                     .storage()

@@ -65,6 +65,8 @@ mod inner;
 mod journal;
 mod keyspace;
 mod leaf;
+#[cfg(all(test, not(shuttle)))]
+mod lost_write_tests;
 mod merge;
 mod mirror;
 mod multi;

@@ -130,7 +130,7 @@ impl Shared {
     /// if the key must be looked up again.
     fn answer_from(&self, m: &Miss, buf: &PageBuf) -> Option<Result<Option<Vec<u8>>>> {
         let guard = sync::pin();
-        let (_, page) = self
+        let (path, page) = self
             .index()
             .read_leaf(self.pool(), &guard, Seek::Key(&m.key));
         if page.page_id() != m.pid {
@@ -146,7 +146,11 @@ impl Shared {
         {
             return None;
         }
-        let leaf = match self.storage().check_leaf(m.page, buf) {
+        let (low, high) = path.bounds();
+        let leaf = match self
+            .storage()
+            .check_leaf_in(m.page, buf, low.as_deref(), high.as_deref())
+        {
             Ok(leaf) => leaf,
             Err(e) => return Some(Err(e)),
         };

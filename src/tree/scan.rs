@@ -556,7 +556,10 @@ impl Shared {
         self.counters().count(Event::CacheMiss);
         let pid = page.page_id();
         let copy = |buf: &PageBuf| {
-            let leaf = self.storage().check_leaf(disk, buf)?;
+            let (low, high) = path.bounds();
+            let leaf = self
+                .storage()
+                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
             if leaf.flags() & FLAG_DAMAGED != 0 {
                 return Err(self
                     .storage()

@@ -9,7 +9,7 @@ use super::background::Control;
 use super::catalog::Catalog;
 use super::checkpoint::{SUPERSEDED_LEAST, SUPERSEDED_SHARE};
 use super::index::{Index, SmoGuard};
-use super::inner::{Entry, Inner, Seek};
+use super::inner::{Entry, Inner, Path, Seek};
 use super::journal::Journal;
 use super::leaf::Written;
 use super::persist::DirLock;
@@ -271,7 +271,7 @@ impl Shared {
     /// for good (`Wal::check`): the tree answers every later call with that error until it
     /// is reopened, and the reopened tree does not have the write.
     pub(crate) fn apply(&self, key: &[u8], op: WriteOp<'_>, log: bool) -> Result<Option<Appended>> {
-        self.apply_with(key, log, |_, _| Ok(Some(op)))
+        self.apply_with(key, log, |_, _, _| Ok(Some(op)))
     }
 
     /// As [`Shared::apply`], for the write `decide` chooses with the leaf locked (it may
@@ -281,7 +281,7 @@ impl Shared {
         &self,
         key: &[u8],
         log: bool,
-        mut decide: impl FnMut(&Self, &WriteGuard<'_>) -> Result<Option<WriteOp<'v>>>,
+        mut decide: impl FnMut(&Self, &Path<'_>, &WriteGuard<'_>) -> Result<Option<WriteOp<'v>>>,
     ) -> Result<Option<Appended>> {
         if log {
             self.journal.check()?;
@@ -290,7 +290,7 @@ impl Shared {
         loop {
             let guard = sync::pin();
             let (path, mut page) = self.index.write_leaf(&self.pool, &guard, key);
-            let Some(op) = decide(self, &page)? else {
+            let Some(op) = decide(self, &path, &page)? else {
                 return Ok(None);
             };
             let written = match self.write_in_leaf(&path, &mut page, key, op)? {
@@ -325,10 +325,10 @@ impl Shared {
         new: Option<&[u8]>,
     ) -> Result<bool> {
         let mut matched = false;
-        let appended = self.apply_with(key, true, |shared, page| {
+        let appended = self.apply_with(key, true, |shared, path, page| {
             // Under the leaf's lock the reference is current: its extent cannot be freed.
             let current = shared
-                .value_in_leaf(page, key)?
+                .value_in_leaf(path, page, key)?
                 .map(|v| shared.user_value(v))
                 .transpose()?;
             matched = current.as_deref() == expected;

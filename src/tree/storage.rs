@@ -109,6 +109,31 @@ impl Storage {
         Ok(node)
     }
 
+    /// [`Storage::check_leaf`] for the page of a leaf whose bounds are `low..high`: its
+    /// records must lie within them.
+    ///
+    /// A leaf's bounds only widen while a page is its own (a split rewrites it), so a page
+    /// holding keys outside them is not the leaf's: it is an older page of another leaf,
+    /// as a write the disk acknowledged and then lost reads back (the page number and
+    /// checksum are right). Reading it as this leaf would answer for another range, and
+    /// writing it back would move another leaf's keys into this one.
+    ///
+    /// # Errors
+    /// `Corruption` if the page is not a well-formed leaf of those bounds.
+    pub(crate) fn check_leaf_in<'b>(
+        &self,
+        page: u64,
+        buf: &'b [u8],
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Result<NodeRef<'b>> {
+        let node = self.check_leaf(page, buf)?;
+        if !node.keys_within(low, high) {
+            return Err(self.corruption(Some(page), "a leaf page holds keys outside its leaf"));
+        }
+        Ok(node)
+    }
+
     /// Writes the leaf built in `buf` to a newly allocated page (freed again if the write
     /// fails) and returns the page.
     ///
