@@ -8,7 +8,9 @@ use bfkv::{Error, Tree};
 /// too, and a child holds a copy of the parent's descriptors (a test's `LOCK` among them,
 /// while the parent verifies a tree) from its fork until its `exec` closes them: a lock
 /// still held that way for a moment after the parent closed its tree is waited out, for at
-/// most 5 s. Any other error panics.
+/// most 5 s (`open` itself waits up to a second; a loaded CI machine can stretch a fork's
+/// window past that, and a child that gives up fails its whole kill cycle). Any other error
+/// panics.
 pub(crate) fn open_child(open: impl Fn() -> Result<Tree, Error>) -> Tree {
     let start = Instant::now();
     let mut waited = false;

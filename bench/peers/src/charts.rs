@@ -346,6 +346,7 @@ mod tests {
             write_bytes: Some(0),
             engine_pages: None,
             disk_bytes: 0,
+            log_bytes: 0,
         };
         RunResult {
             engine: engine.into(),

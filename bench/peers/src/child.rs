@@ -117,6 +117,7 @@ fn measure(job: &Job) -> Result<RunResult, BoxError> {
             write_bytes: out.proc_io.map(|io| io.1),
             engine_pages: out.leaf_io,
             disk_bytes: memory::dir_disk_bytes(dir.path())?,
+            log_bytes: memory::dir_log_bytes(dir.path())?,
         });
     }
     // Closing (a checkpoint for some engines) is not measured.

@@ -166,6 +166,24 @@ pub fn dir_disk_bytes(dir: &Path) -> io::Result<u64> {
     Ok(total)
 }
 
+/// Allocated bytes of the write-ahead log files under `dir`: those in a directory named
+/// `wal` (bfkv's) or named `*.log` (RocksDB's). The engines without such files (bf-tree in
+/// its default configuration, LMDB, redb) keep no log apart from their data files.
+pub fn dir_log_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    walk(dir, &mut |path, _| {
+        let in_wal = path
+            .strip_prefix(dir)
+            .is_ok_and(|rel| rel.parent().is_some_and(|p| p.ends_with("wal")));
+        let is_log = path.extension().is_some_and(|e| e == "log");
+        if in_wal || is_log {
+            total += std::fs::metadata(path).map_or(0, |m| m.blocks() * 512);
+        }
+    })?;
+    Ok(total)
+}
+
 /// Writes dirty pages back and drops the OS page cache (`sync; echo 3 >
 /// /proc/sys/vm/drop_caches`), so one engine's cached files do not help or crowd the next.
 /// False if not permitted (not root); the caller says so and goes on.
@@ -206,6 +224,24 @@ mod tests {
         assert_eq!(resident_bytes(&dir.path().join("empty")).unwrap(), 0);
         assert_eq!(dir_resident(dir.path()).unwrap(), after_read);
         assert!(dir_disk_bytes(dir.path()).unwrap() >= 1 << 20);
+        assert_eq!(dir_log_bytes(dir.path()).unwrap(), 0);
+    }
+
+    #[test]
+    fn log_files_are_those_in_wal_or_named_log() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+        for (name, bytes) in [
+            ("data", 64 << 10),
+            ("wal/seg-1", 16 << 10),
+            ("000012.log", 8 << 10),
+        ] {
+            let mut f = File::create(dir.path().join(name)).unwrap();
+            f.write_all(&vec![1u8; bytes]).unwrap();
+            f.sync_all().unwrap();
+        }
+        assert_eq!(dir_log_bytes(dir.path()).unwrap(), 24 << 10);
+        assert_eq!(dir_disk_bytes(dir.path()).unwrap(), 88 << 10);
     }
 
     #[test]

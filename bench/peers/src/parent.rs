@@ -346,6 +346,7 @@ mod tests {
                     write_bytes: None,
                     engine_pages: None,
                     disk_bytes: 0,
+                    log_bytes: 0,
                 })
                 .collect(),
         }

@@ -252,9 +252,12 @@ fn regime_block(s: &mut String, report: &Report, regime: u8, threads: usize) {
     ));
     let _ = writeln!(
         s,
-        "\nOn disk after the phase, MiB: allocated blocks of all the engine's files (log included):\n"
+        "\nOn disk after the phase, MiB: allocated blocks of all the engine's files, log included (in parentheses: the log, bfkv's `wal/` and RocksDB's `*.log`; the others keep none beside their data files):\n"
     );
-    s.push_str(&phase_table(&runs, &|_, p| fmt_mib(p.disk_bytes)));
+    s.push_str(&phase_table(&runs, &|_, p| match p.log_bytes {
+        0 => fmt_mib(p.disk_bytes),
+        log => format!("{} ({} log)", fmt_mib(p.disk_bytes), fmt_mib(log)),
+    }));
     let _ = writeln!(
         s,
         "\n![throughput, regime {regime}, {threads} thread(s)](charts/peers-r{regime}-t{threads}.svg)\n"
@@ -476,6 +479,7 @@ mod tests {
                 write_bytes: None,
                 engine_pages: None,
                 disk_bytes: (2 * ops_per_sec as u64) << 20,
+                log_bytes: if engine == "bfkv" { 1 << 20 } else { 0 },
             }],
         }
     }
@@ -505,7 +509,10 @@ mod tests {
         assert!(text.contains("| YCSB-C | 200 | 150 | 250 |"), "{text}");
         assert!(text.contains("**0.80**"), "{text}");
         // The disk table, in MiB (the fixture's files take 2 MiB per op/s).
-        assert!(text.contains("| YCSB-C | 400 | 300 | 500 |"), "{text}");
+        assert!(
+            text.contains("| YCSB-C | 400 (1.0 log) | 300 | 500 |"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub struct PhaseResult {
     pub engine_pages: Option<(u64, u64)>,
     /// Allocated bytes of the engine's files at the phase's end.
     pub disk_bytes: u64,
+    /// The part of `disk_bytes` that is the engine's write-ahead log
+    /// (`memory::dir_log_bytes`; 0 in results recorded before it was measured).
+    #[serde(default)]
+    pub log_bytes: u64,
 }
 
 impl PhaseResult {
