@@ -362,7 +362,7 @@ fn print_table(results: &[PhaseResult]) {
 }
 
 /// Prints the results as one JSON object.
-fn print_json(args: &Args, results: &[PhaseResult], disk: (Disk, Disk)) {
+fn print_json(args: &Args, results: &[PhaseResult], disk: [Disk; 3]) {
     let distribution = match args.distribution {
         Distribution::Uniform => "\"uniform\"".to_string(),
         Distribution::Zipf(t) => format!("\"zipf:{t}\""),
@@ -399,8 +399,9 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (Disk, Disk)) {
         concat!(
             "{{\"records\":{},\"key_size\":{},\"value_size\":{},\"distribution\":{},",
             "\"threads\":{},\"cache_size\":{},\"durability\":\"{:?}\",",
-            "\"disk_bytes_after_load\":{},\"disk_bytes_at_end\":{},",
-            "\"log_bytes_after_load\":{},\"log_bytes_at_end\":{},\"peak_rss\":{},",
+            "\"disk_bytes_after_load\":{},\"disk_bytes_after_workloads\":{},",
+            "\"disk_bytes_at_end\":{},\"log_bytes_after_load\":{},",
+            "\"log_bytes_after_workloads\":{},\"log_bytes_at_end\":{},\"peak_rss\":{},",
             "\"phases\":[{}]}}"
         ),
         args.records,
@@ -410,10 +411,12 @@ fn print_json(args: &Args, results: &[PhaseResult], disk: (Disk, Disk)) {
         args.threads,
         args.cache_size,
         args.durability,
-        disk.0.data,
-        disk.1.data,
-        disk.0.log,
-        disk.1.log,
+        disk[0].data,
+        disk[1].data,
+        disk[2].data,
+        disk[0].log,
+        disk[1].log,
+        disk[2].log,
         peak_rss(),
         phases.join(",")
     );
@@ -471,16 +474,19 @@ fn run(args: &Args) -> Result<(), BoxError> {
     for &phase in &args.workloads {
         results.push(run_phase(&engine, args, phase, &next_insert)?);
     }
+    let before_close = Disk::of(&dir);
     engine.0.close()?;
     let at_end = Disk::of(&dir);
     if args.json {
-        print_json(args, &results, (after_load, at_end));
+        print_json(args, &results, [after_load, before_close, at_end]);
     } else {
         print_table(&results);
         println!(
-            "disk: {:.1} MiB data + {:.1} MiB log after load, {:.1} + {:.1} MiB at end; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
+            "disk: {:.1} MiB data + {:.1} MiB log after load, {:.1} + {:.1} MiB after the workloads, {:.1} + {:.1} MiB after close; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
             mib(after_load.data),
             mib(after_load.log),
+            mib(before_close.data),
+            mib(before_close.log),
             mib(at_end.data),
             mib(at_end.log),
             peak_rss() as f64 / f64::from(1 << 20),
