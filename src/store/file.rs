@@ -11,9 +11,12 @@ use super::{PageBuf, PageNo};
 use crate::error::{Error, Result};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
-/// The data file grows by at least this much at a time (and by an eighth of its size once
-/// that is more), so writes of new pages land inside the file.
+/// The data file grows by at least this much at a time (and by `1 / GROW_SHARE` of its
+/// size once that is more), so writes of new pages land inside the file.
 pub(super) const GROW_MIN: u64 = 4 << 20;
+/// ... a 32nd: the reserved tail is disk space the file takes and no page uses, up to an
+/// eighth of the file when it grew by an eighth.
+const GROW_SHARE: u64 = 32;
 
 /// How a [`FileStore`] moves pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +186,7 @@ impl FileDisk {
         if end <= now {
             return;
         }
-        let target = end.max(now + now / 8).next_multiple_of(GROW_MIN);
+        let target = end.max(now + now / GROW_SHARE).next_multiple_of(GROW_MIN);
         // Out of space, say: the write itself reports it, and the next one asks again.
         if crate::sys::preallocate(&self.file, now, target - now).is_ok() {
             self.backed.store(target, Ordering::Release);

@@ -62,13 +62,17 @@ use crate::wal::Lsn;
 /// the device to work on many at once.
 pub(super) const BATCH: usize = 32;
 
-/// A checkpoint is wanted once the pages superseded since the last one reach this share
-/// (1/n) of the pages it references (`Shared::wants_checkpoint`), and a round of a full
-/// checkpoint writes at most that share of them: the data file then grows by about 1/n
-/// of the leaves between checkpoints.
+/// A round of a full checkpoint, or of a move of replay's start, writes at most this share
+/// (1/n) of the pages the last checkpoint references: the data file then grows by about
+/// 1/n of the leaves per round.
 pub(super) const SUPERSEDED_SHARE: usize = 8;
-/// ... and at least this many pages (4 MiB of 4 KiB pages), so that small trees do not
-/// checkpoint all the time.
+/// A checkpoint is wanted once the pages superseded since the last one reach this share
+/// (1/n) of the pages it references (`Shared::wants_checkpoint`): they stay allocated until
+/// a checkpoint no longer references them, so the data file grows by about that much
+/// between checkpoints, plus what is superseded while one runs.
+pub(super) const WANTED_SHARE: usize = 16;
+/// ... and each share at least this many pages (4 MiB of 4 KiB pages), so that small trees
+/// do not checkpoint all the time.
 pub(super) const SUPERSEDED_LEAST: usize = 1024;
 
 /// Which dirty leaves a checkpoint writes, and what it sees of the others (module docs).

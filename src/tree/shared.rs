@@ -7,7 +7,7 @@
 use super::admit::Doorkeeper;
 use super::background::Control;
 use super::catalog::Catalog;
-use super::checkpoint::{SUPERSEDED_LEAST, SUPERSEDED_SHARE};
+use super::checkpoint::{SUPERSEDED_LEAST, WANTED_SHARE};
 use super::index::{Index, SmoGuard};
 use super::inner::{Entry, Inner, Path, Seek};
 use super::journal::Journal;
@@ -402,7 +402,7 @@ impl Shared {
                 && self
                     .storage
                     .pages()
-                    .superseded_past(SUPERSEDED_SHARE, SUPERSEDED_LEAST))
+                    .superseded_past(WANTED_SHARE, SUPERSEDED_LEAST))
     }
 
     /// Makes every acknowledged write durable: a log sync when writes are logged, else a
