@@ -40,6 +40,37 @@ pub(crate) fn with_page_buf<R>(page_size: usize, f: impl FnOnce(&mut PageBuf) ->
     out
 }
 
+thread_local! {
+    /// Scratch for a leaf's bounds, so reads check a page against them without allocating.
+    static BOUNDS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl Shared {
+    /// `Storage::check_leaf_in` for page `disk` (read into `buf`) of the leaf `path` leads
+    /// to, its bounds built in this thread's scratch: a read allocates nothing for it.
+    pub(super) fn check_leaf_of<'b>(
+        &self,
+        path: &Path<'_>,
+        disk: u64,
+        buf: &'b [u8],
+    ) -> Result<NodeRef<'b>> {
+        let check = |(low, high): &mut (Vec<u8>, Vec<u8>)| {
+            let has_low = path.low_into(low);
+            let has_high = path.high_into(high);
+            self.storage().check_leaf_in(
+                disk,
+                buf,
+                has_low.then_some(&low[..]),
+                has_high.then_some(&high[..]),
+            )
+        };
+        BOUNDS.with(|b| match b.try_borrow_mut() {
+            Ok(mut bounds) => check(&mut bounds),
+            Err(_) => check(&mut Default::default()),
+        })
+    }
+}
+
 /// A uniform number in 0..100 from a per-thread generator.
 pub(super) fn percent_roll() -> u8 {
     RNG.with(|r| {
@@ -206,10 +237,7 @@ impl Shared {
         self.counters().count(Event::CacheMiss);
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
-            let (low, high) = path.bounds();
-            let leaf = self
-                .storage()
-                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
+            let leaf = self.check_leaf_of(path, disk, buf)?;
             let found = leaf.get(key);
             if found.is_none() && leaf.flags() & FLAG_DAMAGED != 0 {
                 return Err(self.storage().corruption(

@@ -154,10 +154,7 @@ impl Shared {
         };
         with_page_buf(self.page_size(), |buf| {
             self.storage().read_page(disk, buf)?;
-            let (low, high) = path.bounds();
-            let leaf = self
-                .storage()
-                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
+            let leaf = self.check_leaf_of(path, disk, buf)?;
             match leaf.get(key) {
                 Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
                 None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(

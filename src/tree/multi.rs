@@ -146,11 +146,7 @@ impl Shared {
         {
             return None;
         }
-        let (low, high) = path.bounds();
-        let leaf = match self
-            .storage()
-            .check_leaf_in(m.page, buf, low.as_deref(), high.as_deref())
-        {
+        let leaf = match self.check_leaf_of(&path, m.page, buf) {
             Ok(leaf) => leaf,
             Err(e) => return Some(Err(e)),
         };

@@ -556,10 +556,7 @@ impl Shared {
         self.counters().count(Event::CacheMiss);
         let pid = page.page_id();
         let copy = |buf: &PageBuf| {
-            let (low, high) = path.bounds();
-            let leaf = self
-                .storage()
-                .check_leaf_in(disk, buf, low.as_deref(), high.as_deref())?;
+            let leaf = self.check_leaf_of(path, disk, buf)?;
             if leaf.flags() & FLAG_DAMAGED != 0 {
                 return Err(self
                     .storage()
