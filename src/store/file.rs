@@ -14,8 +14,8 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// The data file grows by at least this much at a time (and by `1 / GROW_SHARE` of its
 /// size once that is more), so writes of new pages land inside the file.
 pub(super) const GROW_MIN: u64 = 4 << 20;
-/// ... a 32nd: the reserved tail is disk space the file takes and no page uses, up to an
-/// eighth of the file when it grew by an eighth.
+/// ... a 32nd: the reserved tail is disk space the file takes and no page uses, so it is
+/// kept to a small share of the file.
 const GROW_SHARE: u64 = 32;
 
 /// How a [`FileStore`] moves pages.
