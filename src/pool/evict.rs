@@ -174,6 +174,76 @@ impl BufferPool {
         }
     }
 
+    /// Evicts up to `n` blocks from the head at once: claims them, calls `prepare` with
+    /// the owners of the live ones (nothing locked, the claims held: the caller may write
+    /// their leaves back in one batch, so that the evictions that follow find them clean and
+    /// need no I/O), then evicts each as [`BufferPool::evict_one`] does. Claiming a run
+    /// keeps the head from passing any of it until the whole run is processed, so `n`
+    /// should stay small next to the buffer.
+    ///
+    /// Returns [`Evicted::Progress`] if any block was evicted or passed, else
+    /// [`Evicted::Busy`] if one was left in place; with nothing claimable it behaves as
+    /// `evict_one`. On an error from `cb`, the blocks not yet processed stay claimed,
+    /// live and intact, for later calls to retry. Must not be called while holding a page
+    /// lock or a block token, and `prepare` must not wait for room in the buffer.
+    pub(crate) fn evict_batch(
+        &self,
+        n: usize,
+        prepare: &mut dyn FnMut(&[super::PageId]),
+        cb: &mut EvictFn<'_>,
+    ) -> Result<Evicted> {
+        let mut claims = Vec::with_capacity(n);
+        while claims.len() < n {
+            match self.claim_next() {
+                Some(claim) => claims.push(claim),
+                None => break,
+            }
+        }
+        if claims.is_empty() {
+            return self.evict_one(cb);
+        }
+        let owners: Vec<super::PageId> = claims
+            .iter()
+            .filter_map(|&(logical, _)| {
+                let h = self
+                    .ring
+                    .header(logical % self.ring.size())
+                    .load(Ordering::Acquire);
+                (header::state(h) == header::READY).then(|| header::owner(h))
+            })
+            .collect();
+        if !owners.is_empty() {
+            prepare(&owners);
+        }
+        let mut progress = false;
+        let mut claims = claims.into_iter();
+        while let Some((logical, total)) = claims.next() {
+            let outcome = self.process(logical % self.ring.size(), total, cb);
+            let status = match outcome {
+                Ok(Outcome::Passed | Outcome::Evicted) => Status::Done,
+                Ok(Outcome::Kept) | Err(_) => Status::Failed,
+            };
+            self.finish(logical, status);
+            match outcome {
+                Ok(Outcome::Passed | Outcome::Evicted) => progress = true,
+                Ok(Outcome::Kept) => {}
+                Err(e) => {
+                    // The rest were not touched: leave them for a retry.
+                    for (logical, _) in claims {
+                        self.finish(logical, Status::Failed);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // Every claim was processed, so without progress one was kept.
+        Ok(if progress {
+            Evicted::Progress
+        } else {
+            Evicted::Busy
+        })
+    }
+
     /// Claims a failed block for a retry, or the block at the cursor. `None` if there is
     /// nothing claimable right now (buffer empty, everything in flight, or the block at the
     /// cursor is still having its header written).

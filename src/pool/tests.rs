@@ -189,6 +189,94 @@ fn a_block_its_callback_leaves_attached_is_kept_and_retried() {
 }
 
 #[test]
+fn a_batch_prepares_its_live_owners_unlocked_then_evicts_the_run_in_order() {
+    let pool = BufferPool::new(64 << 10, 0).unwrap();
+    let pids: Vec<PageId> = (0..8).map(|i| page(&pool, i)).collect();
+    for (i, &pid) in pids.iter().enumerate() {
+        assert!(remap(&pool, pid, 1024, i as u8));
+    }
+    // The third block becomes free-listed: claimed with the run, passed, not prepared.
+    let old = pool.write(pids[2]).set_location_disk(2);
+    assert!(old.is_some());
+    drop(old); // free-listed (no copy-on-access region)
+    let mut prepared = Vec::new();
+    let mut prepare = |owners: &[PageId]| {
+        prepared.extend_from_slice(owners);
+        // Nothing is locked: the preparation may write the pages it is given.
+        for &pid in owners {
+            pool.write(pid).mini_mut().unwrap()[0] = 0xEE;
+        }
+    };
+    let mut seen = Vec::new();
+    let mut cb = |g: &mut EvictGuard<'_, '_>, b: &[u8]| -> Result<()> {
+        seen.push((g.page_id(), b[0]));
+        g.set_location_disk(100 + u64::from(g.page_id()));
+        Ok(())
+    };
+    assert_eq!(
+        pool.evict_batch(4, &mut prepare, &mut cb).unwrap(),
+        Evicted::Progress
+    );
+    assert_eq!(prepared, vec![pids[0], pids[1], pids[3]]);
+    assert_eq!(
+        seen,
+        vec![(pids[0], 0xEE), (pids[1], 0xEE), (pids[3], 0xEE)]
+    );
+    for (i, &pid) in pids.iter().enumerate() {
+        let location = pool.read(pid).location();
+        match i {
+            0 | 1 | 3 => assert_eq!(location, Location::Disk(100 + u64::from(pid))),
+            2 => assert_eq!(location, Location::Disk(2)),
+            _ => assert!(matches!(location, Location::Mini(_)), "page {i} evicted"),
+        }
+    }
+    let s = pool.stats();
+    assert_eq!((s.evictions, s.free_listed_passed), (3, 1));
+    assert_eq!(pool.audit().blocks, 4);
+}
+
+#[test]
+fn a_failed_batch_leaves_its_unprocessed_blocks_for_a_retry() {
+    let pool = BufferPool::new(64 << 10, 0).unwrap();
+    let pids: Vec<PageId> = (0..4).map(|i| page(&pool, i)).collect();
+    for (i, &pid) in pids.iter().enumerate() {
+        assert!(remap(&pool, pid, 1024, i as u8));
+    }
+    let mut calls = 0;
+    let mut second_fails = |g: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
+        calls += 1;
+        if calls == 2 {
+            return Err(Error::io(
+                "/dev/full",
+                std::io::Error::from(std::io::ErrorKind::StorageFull),
+            ));
+        }
+        g.set_location_disk(100 + u64::from(g.page_id()));
+        Ok(())
+    };
+    assert!(matches!(
+        pool.evict_batch(3, &mut |_| {}, &mut second_fails),
+        Err(Error::Io { .. })
+    ));
+    assert_eq!(calls, 2, "the batch went on past an error");
+    assert_eq!(pool.read(pids[0]).location(), Location::Disk(100));
+    for (i, &pid) in pids.iter().enumerate().skip(1) {
+        assert_eq!(pool.read(pid).mini().unwrap(), &[i as u8; 1024][..]);
+    }
+    // The failed block and the one after it are retried, in order, before the rest.
+    let mut order = Vec::new();
+    let mut ok = |g: &mut EvictGuard<'_, '_>, _: &[u8]| -> Result<()> {
+        order.push(g.page_id());
+        g.set_location_disk(100 + u64::from(g.page_id()));
+        Ok(())
+    };
+    while pool.evict_one(&mut ok).unwrap() == Evicted::Progress {}
+    assert_eq!(order, pids[1..].to_vec());
+    assert_eq!(pool.audit().blocks, 0);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
 fn free_listed_and_dead_blocks_are_passed_not_evicted() {
     let pool = BufferPool::new(1 << 20, 0).unwrap();
     let a = pool.alloc(128, 1).unwrap();

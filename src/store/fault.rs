@@ -21,7 +21,7 @@ use super::disk::{self, Disk};
 use super::paged::PagedStore;
 use super::{PageBuf, PageNo, PageStore, StoreStats};
 use crate::error::{Error, Result};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
 /// The name used for the emulated disk in errors.
 const FAULT_PATH: &str = ":fault:";
@@ -204,6 +204,8 @@ pub(crate) struct FaultStore {
     disk: Arc<FaultDisk>,
     /// The store, or why the disk image could not be opened (no valid superblock).
     store: std::result::Result<PagedStore<Arc<FaultDisk>>, (Option<PageNo>, &'static str)>,
+    /// Pages written by callers one at a time (`write`), and in batches (`write_batch`).
+    written: [AtomicU64; 2],
 }
 
 impl FaultStore {
@@ -211,7 +213,7 @@ impl FaultStore {
     pub(crate) fn new(page_size: usize) -> FaultStore {
         let disk = Arc::new(FaultDisk::with_image(page_size, Vec::new()));
         let store = PagedStore::format(disk.clone(), page_size).map_err(|e| unopenable(&e));
-        FaultStore { disk, store }
+        FaultStore::with(disk, store)
     }
 
     /// What a reboot would find: a new store opened from exactly the durable state. If that
@@ -223,7 +225,7 @@ impl FaultStore {
         let disk = Arc::new(FaultDisk::with_image(self.disk.page_size, durable));
         let store =
             PagedStore::mount(disk.clone(), self.disk.page_size).map_err(|e| unopenable(&e));
-        FaultStore { disk, store }
+        FaultStore::with(disk, store)
     }
 
     /// Why this store's disk image could not be opened, if it could not.
@@ -282,6 +284,29 @@ impl FaultStore {
         self.disk.state.lock().flips.insert(page, bit);
     }
 
+    /// A store of `disk`, no page written through it yet.
+    fn with(
+        disk: Arc<FaultDisk>,
+        store: std::result::Result<PagedStore<Arc<FaultDisk>>, (Option<PageNo>, &'static str)>,
+    ) -> FaultStore {
+        FaultStore {
+            disk,
+            store,
+            written: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// Pages callers wrote (the store's own superblocks not counted): (one at a time with
+    /// `write`, in batches with `write_batch`).
+    #[cfg(all(test, not(shuttle)))]
+    pub(crate) fn pages_written(&self) -> (u64, u64) {
+        let [alone, batched] = &self.written;
+        (
+            alone.load(Ordering::Relaxed),
+            batched.load(Ordering::Relaxed),
+        )
+    }
+
     /// Page writes the disk has seen (the store's own included).
     pub(crate) fn disk_writes(&self) -> u64 {
         self.disk.state.lock().writes
@@ -334,12 +359,14 @@ impl PageStore for FaultStore {
         self.inner()?.read(page, buf)
     }
     fn write(&self, page: PageNo, buf: &mut PageBuf) -> Result<()> {
+        self.written[0].fetch_add(1, Ordering::Relaxed);
         self.inner()?.write(page, buf)
     }
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         self.inner()?.read_batch(pages, bufs)
     }
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
+        self.written[1].fetch_add(pages.len() as u64, Ordering::Relaxed);
         self.inner()?.write_batch(pages, bufs)
     }
     fn sync(&self) -> Result<()> {

@@ -3,9 +3,10 @@
 //! Evictor threads (paper §4.3: evictions run concurrently, the head advances in order) keep
 //! free room at the tail of the circular buffer above a low-water mark, so writers seldom stop
 //! to write a leaf themselves; several evictions in flight also keep several disk I/Os in
-//! flight, which a single thread evicting synchronously cannot. A writer that still finds the
-//! buffer full evicts one block itself (that path guarantees progress); the threads only add
-//! throughput.
+//! flight, which a single thread evicting synchronously cannot. Each evicts a run of blocks
+//! at a time, their leaves written back in one batch first (`clean.rs`). A writer that still
+//! finds the buffer full evicts one block itself (that path guarantees progress); the threads
+//! only add throughput.
 //!
 //! The first evictor also writes buffered changes back to their leaves once writes have
 //! paused for `Config::idle_write_back` (`clean.rs` says why).
@@ -234,7 +235,7 @@ fn run_evictor(tree: &Shared, control: &Control, mut idle: Option<IdleWriter>) {
             // Evict until there is twice the low-water room, so bursts of writes find room.
             let target = 2 * tree.low_water();
             while tree.pool().ring_free() < target && !control.stopped() {
-                if tree.make_room().is_err() {
+                if tree.make_room_batch().is_err() {
                     std::thread::sleep(BACKOFF_ON_ERROR);
                     break;
                 }

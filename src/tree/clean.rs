@@ -1,5 +1,7 @@
-//! Idle write-back: once writes pause, buffered changes go to their leaf pages in batches and
-//! stay cached as clean records (`Config::idle_write_back`).
+//! Write-back in batches outside checkpoints: the idle write-back, and an evictor's run.
+//!
+//! **Idle write-back**: once writes pause, buffered changes go to their leaf pages in
+//! batches and stay cached as clean records (`Config::idle_write_back`).
 //!
 //! Why: dirty records leave the cache only by a write-back, which eviction does one leaf at a
 //! time when the mini-page reaches the head of the buffer. Under skewed reads after a bulk
@@ -13,7 +15,15 @@
 //! one `read_batch` and written with one `write_batch` (`checkpoint.rs`), so the device works
 //! on many pages at once instead of the one in flight per evictor. It stops between batches
 //! as soon as `idle` says writes resumed, and the next pass goes on from where it stopped.
+//!
+//! **An evictor's run** (`write_back_claimed`): an evictor thread claims `BATCH` blocks at
+//! the head (`BufferPool::evict_batch`) and writes their dirty leaves back the same way
+//! before it evicts them, so each eviction finds its leaf clean and drops the block
+//! without I/O. Evicting one leaf at a time keeps one read, then one write, in flight per
+//! evictor; with two evictors the device sat at a queue depth near 2 and the load could not
+//! go faster with more writer threads.
 
+use super::checkpoint::{Candidate, Staged};
 use super::page_batch::PageBatch;
 use super::Shared;
 use crate::error::Result;
@@ -50,14 +60,41 @@ impl Shared {
             // LSN and written after would count as written since the LSN (`is_fresh`) while
             // lacking writes logged before it.
             let _one_at_a_time = self.storage().pages().one_at_a_time();
-            let written = self
-                .stage_chunk(&chunk, None, &mut staged, &mut batch)
-                .and_then(|()| self.write_staged(&mut staged, &mut batch));
-            if let Err(e) = written {
-                self.abandon(&mut staged, &mut batch);
-                return Err(e);
-            }
+            self.write_back_chunk(&chunk, &mut staged, &mut batch)?;
         }
+    }
+
+    /// Writes back those of `owners` (the leaves of blocks an evictor claimed at the head)
+    /// that need it, in one batch, so that their evictions need no I/O. It gives way (does
+    /// nothing) while a checkpoint or another pass runs, and on an error: the evictions
+    /// then write each leaf themselves, and report what they meet.
+    pub(crate) fn write_back_claimed(&self, owners: &[PageId]) {
+        let Some(_one_at_a_time) = self.storage().pages().try_one_at_a_time() else {
+            return;
+        };
+        let chunk = self.dirty_chunk(&mut owners.iter().copied(), |_, dirty| dirty);
+        if chunk.is_empty() {
+            return;
+        }
+        let (mut staged, mut batch) = (Vec::with_capacity(chunk.len()), PageBatch::default());
+        let _ = self.write_back_chunk(&chunk, &mut staged, &mut batch);
+    }
+
+    /// Stages the leaves of `chunk` and writes them (`checkpoint.rs`); on an error, what
+    /// was staged is abandoned (the leaves stay dirty). The caller holds `one_at_a_time`.
+    fn write_back_chunk(
+        &self,
+        chunk: &[Candidate],
+        staged: &mut Vec<Staged>,
+        batch: &mut PageBatch,
+    ) -> Result<()> {
+        let written = self
+            .stage_chunk(chunk, None, staged, batch)
+            .and_then(|()| self.write_staged(staged, batch));
+        if written.is_err() {
+            self.abandon(staged, batch);
+        }
+        written
     }
 
     /// Writes applied so far (a pause in this count is what `idle_write_back` waits for).

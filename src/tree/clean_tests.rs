@@ -194,3 +194,50 @@ fn the_idle_writer_cleans_once_writes_pause_and_not_when_turned_off() {
     );
     assert_eq!(tree.stats().write_backs, before);
 }
+
+#[test]
+fn an_evictors_batch_writes_its_leaves_together_and_evicts_them_without_another_write() {
+    use super::super::crash;
+    let (store, fs) = crash::disks();
+    let config = Config::new(crash::DIR)
+        .cache_size(4 << 20)
+        .durability(Durability::None)
+        .evictor_threads(0)
+        .idle_write_back(None);
+    let tree = crash::open_with(config.clone(), store.clone(), fs.clone()).expect("open");
+    for i in 0..N {
+        tree.insert(key(i), value(i, 1)).expect("insert");
+    }
+    tree.checkpoint().expect("checkpoint");
+    while tree.shared().pool().stats().bytes_in_use > 0 {
+        tree.shared().make_room().expect("evict");
+    }
+    // Every seventh record updated: a dirty mini-page over each leaf's disk page.
+    for i in (0..N).step_by(7) {
+        tree.insert(key(i), value(i, 2)).expect("update");
+    }
+    let (minis, all) = dirty(&tree);
+    assert!(minis > 2 * BATCH, "only {minis} dirty mini-pages");
+    assert_eq!(minis, all);
+
+    let (before, (alone, batched)) = (tree.stats(), store.pages_written());
+    // The first runs at the head may hold only dead blocks (mini-pages that grew).
+    while tree.stats().evictions - before.evictions < BATCH as u64 {
+        tree.shared().make_room_batch().expect("evict a batch");
+    }
+    let after = tree.stats();
+    let evicted = after.evictions - before.evictions;
+    // Each evicted leaf was written once, in a batch, and read once, ahead of it.
+    assert_eq!(after.write_backs - before.write_backs, evicted);
+    assert_eq!(after.pages_read - before.pages_read, evicted);
+    assert_eq!(
+        store.pages_written(),
+        (alone, batched + evicted),
+        "(one at a time, batched)"
+    );
+    assert_eq!(dirty(&tree).1, all - evicted as usize);
+    check_values(&tree);
+    tree.close().expect("close");
+    let tree = crash::open_with(config, store, fs).expect("reopen");
+    check_values(&tree);
+}

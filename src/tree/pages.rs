@@ -274,6 +274,11 @@ impl PageTracker {
         self.checkpointing.lock()
     }
 
+    /// `one_at_a_time`, if no checkpoint or write-back pass holds it now.
+    pub(crate) fn try_one_at_a_time(&self) -> Option<MutexGuard<'_, Inspections>> {
+        self.checkpointing.try_lock()
+    }
+
     /// Whether dirty leaf `pid` may stay unwritten through a checkpoint whose log replay
     /// starts at `from`. It may if its page has its current bounds (no split or removal
     /// since it was written), and every write that page lacks was logged at or after

@@ -214,6 +214,27 @@ impl Shared {
         }
     }
 
+    /// `make_room` for an evictor thread: evicts a run of `checkpoint::BATCH` blocks from
+    /// the head, their leaves written back first in one batch (`write_back_claimed`), so
+    /// the device works on many pages at once rather than one per evictor.
+    ///
+    /// # Errors
+    /// As [`Shared::make_room`].
+    pub(crate) fn make_room_batch(&self) -> Result<()> {
+        loop {
+            let outcome = self.pool.evict_batch(
+                super::checkpoint::BATCH,
+                &mut |owners| self.write_back_claimed(owners),
+                &mut |guard, bytes| self.evict_block(guard, bytes),
+            );
+            self.drain_orphans();
+            match outcome? {
+                Evicted::Progress | Evicted::Nothing => return Ok(()),
+                Evicted::Busy => sync::yield_now(),
+            }
+        }
+    }
+
     /// `make_room` on a foreground thread, which found the buffer full (counted: the
     /// evictor threads should have kept room).
     ///

@@ -169,6 +169,63 @@ fn shuttle_get_races_eviction() {
     shuttle::check_pct(get_races_eviction, 300, 3);
 }
 
+/// Leaves on disk behind a tiny cache; one thread updates keys (dirty mini-pages) while an
+/// evictor's runs write them back in batches and evict them, and a third thread reads.
+fn evictor_run_races_writes_and_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = Arc::new(tiny_file_tree(dir.path()));
+    let mut expected = BTreeMap::new();
+    for i in 0..24u8 {
+        let k = vec![b'e', i];
+        let v = val(&k, 0, 500);
+        tree.insert(&k, &v).expect("insert");
+        expected.insert(k, v);
+    }
+    evict_all(&tree);
+    let updated: Vec<(Vec<u8>, Vec<u8>)> = [3u8, 11, 19]
+        .iter()
+        .map(|&i| {
+            let k = vec![b'e', i];
+            let v = val(&k, 1, 40);
+            (k, v)
+        })
+        .collect();
+    let writer = {
+        let (tree, updated) = (tree.clone(), updated.clone());
+        thread::spawn(move || {
+            for (k, v) in &updated {
+                tree.insert(k, v).expect("update");
+            }
+        })
+    };
+    let evictor = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            tree.shared().make_room_batch().expect("evict a run");
+            tree.shared().make_room_batch().expect("evict a run");
+        })
+    };
+    let reader = {
+        let (tree, before) = (tree.clone(), expected.clone());
+        thread::spawn(move || {
+            for (k, v) in before.iter().skip(1).step_by(4) {
+                assert_eq!(tree.get(k).expect("get").as_ref(), Some(v), "lost {k:?}");
+            }
+        })
+    };
+    writer.join().expect("writer");
+    evictor.join().expect("evictor");
+    reader.join().expect("reader");
+    expected.extend(updated);
+    check_final(&tree, &expected);
+}
+
+#[test]
+fn shuttle_evictor_run_races_writes_and_reads() {
+    shuttle::check_random(evictor_run_races_writes_and_reads, 300);
+    shuttle::check_pct(evictor_run_races_writes_and_reads, 300, 3);
+}
+
 /// Three leaves; the middle one holds only keys a thread removes (the leaf is unlinked),
 /// another thread splits the last leaf, and a third scans both ways: every stable key once,
 /// in order, and nothing that was never written.
