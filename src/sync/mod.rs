@@ -121,6 +121,20 @@ impl<T> RwLock<T> {
         self.inner.write()
     }
 
+    #[cfg(not(shuttle))]
+    pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read()
+    }
+
+    #[cfg(shuttle)]
+    pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+        match self.inner.try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     #[cfg(shuttle)]
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
         self.inner

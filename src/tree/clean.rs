@@ -65,11 +65,13 @@ impl Shared {
     }
 
     /// Writes back those of `owners` (the leaves of blocks an evictor claimed at the head)
-    /// that need it, in one batch, so that their evictions need no I/O. It gives way (does
-    /// nothing) while a checkpoint or another pass runs, and on an error: the evictions
-    /// then write each leaf themselves, and report what they meet.
+    /// that need it, in one batch, so that their evictions need no I/O. Other evictors'
+    /// batches may run beside it (claims are disjoint, and the write tokens settle a leaf
+    /// two batches build). It gives way (does nothing) while a checkpoint or an idle pass
+    /// runs, and on an error: the evictions then write each leaf themselves, and report
+    /// what they meet.
     pub(crate) fn write_back_claimed(&self, owners: &[PageId]) {
-        let Some(_one_at_a_time) = self.storage().pages().try_one_at_a_time() else {
+        let Some(_beside) = self.storage().pages().write_backs_beside() else {
             return;
         };
         let chunk = self.dirty_chunk(&mut owners.iter().copied(), |_, dirty| dirty);
@@ -81,7 +83,8 @@ impl Shared {
     }
 
     /// Stages the leaves of `chunk` and writes them (`checkpoint.rs`); on an error, what
-    /// was staged is abandoned (the leaves stay dirty). The caller holds `one_at_a_time`.
+    /// was staged is abandoned (the leaves stay dirty). The caller holds `one_at_a_time`
+    /// or `write_backs_beside`.
     fn write_back_chunk(
         &self,
         chunk: &[Candidate],

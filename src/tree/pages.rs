@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::pool::PageId;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::wal::Lsn;
 
 /// One leaf as a checkpoint records it.
@@ -37,6 +37,30 @@ pub(crate) struct PageTracker {
     /// Held by a checkpoint and by an idle write-back pass: never both at once. Holds what
     /// checkpoints saw of the leaves.
     checkpointing: Mutex<Inspections>,
+    /// Taken for writing with `checkpointing` (`one_at_a_time`), and shared by evictors'
+    /// batched write-backs (`write_backs_beside`), which may run together but never beside
+    /// a checkpoint.
+    gate: RwLock<()>,
+}
+
+/// `PageTracker::one_at_a_time`'s guard: what checkpoints saw of the leaves, with every
+/// other batched write-back kept out.
+pub(crate) struct OneAtATime<'a> {
+    _gate: RwLockWriteGuard<'a, ()>,
+    seen: MutexGuard<'a, Inspections>,
+}
+
+impl std::ops::Deref for OneAtATime<'_> {
+    type Target = Inspections;
+    fn deref(&self) -> &Inspections {
+        &self.seen
+    }
+}
+
+impl std::ops::DerefMut for OneAtATime<'_> {
+    fn deref_mut(&mut self) -> &mut Inspections {
+        &mut self.seen
+    }
 }
 
 /// What checkpoints saw of the leaves: for each, the LSN of the last checkpoint that found
@@ -268,15 +292,24 @@ impl PageTracker {
         std::mem::take(&mut self.inner.lock().orphans)
     }
 
-    /// Keeps checkpoints (and idle write-back passes) to one at a time while it lives. It
-    /// holds what checkpoints saw of the leaves, which only a checkpoint changes.
-    pub(crate) fn one_at_a_time(&self) -> MutexGuard<'_, Inspections> {
-        self.checkpointing.lock()
+    /// Keeps checkpoints (and idle write-back passes) to one at a time while it lives, and
+    /// evictors' batches out. It holds what checkpoints saw of the leaves, which only a
+    /// checkpoint changes.
+    pub(crate) fn one_at_a_time(&self) -> OneAtATime<'_> {
+        let gate = self.gate.write();
+        OneAtATime {
+            _gate: gate,
+            seen: self.checkpointing.lock(),
+        }
     }
 
-    /// `one_at_a_time`, if no checkpoint or write-back pass holds it now.
-    pub(crate) fn try_one_at_a_time(&self) -> Option<MutexGuard<'_, Inspections>> {
-        self.checkpointing.try_lock()
+    /// Lets an evictor's batched write-back run beside other evictors' while it lives, if
+    /// no checkpoint or idle pass (`one_at_a_time`) runs now. Why a batch must not run
+    /// beside a checkpoint: a page built before the checkpoint takes its LSN and written
+    /// after would count as written since the LSN (`is_fresh`) while lacking writes logged
+    /// before it.
+    pub(crate) fn write_backs_beside(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.gate.try_read()
     }
 
     /// Whether dirty leaf `pid` may stay unwritten through a checkpoint whose log replay
@@ -358,6 +391,23 @@ impl PageTracker {
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn evictors_batches_share_the_gate_a_checkpoint_holds_alone() {
+        let t = PageTracker::default();
+        let a = t.write_backs_beside().expect("a batch");
+        let b = t
+            .write_backs_beside()
+            .expect("a second batch beside the first");
+        drop((a, b));
+        let seen = t.one_at_a_time();
+        assert!(
+            t.write_backs_beside().is_none(),
+            "a batch beside a checkpoint"
+        );
+        drop(seen);
+        assert!(t.write_backs_beside().is_some());
+    }
 
     #[test]
     fn a_leaf_may_stay_dirty_only_on_evidence_its_writes_are_in_the_log() {
