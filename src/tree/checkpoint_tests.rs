@@ -127,17 +127,8 @@ fn loaded_tree_on(
     tree
 }
 
-/// `Sync` writes, a 4 MiB cache, evictions only in the writers.
-pub(super) fn config() -> Config {
-    Config::new(crash::DIR)
-        .cache_size(4 << 20)
-        .durability(Durability::Sync)
-        // `MemFs` copies a segment's bytes on every sync: keep them small.
-        .log_segment_size(64 << 10)
-        .evictor_threads(0)
-        // Leaves must stay dirty until a test writes them back.
-        .idle_write_back(None)
-}
+/// `Sync` writes, a 4 MiB cache, evictions only in the writers (`crash::quiet_config`).
+pub(super) use super::super::crash::quiet_config as config;
 
 /// Reopens from the disks' crash images.
 fn recovered(store: &crate::store::FaultStore, fs: &crate::wal::memfs::MemFs) -> Tree {

@@ -199,19 +199,13 @@ fn the_idle_writer_cleans_once_writes_pause_and_not_when_turned_off() {
 fn an_evictors_batch_writes_its_leaves_together_and_evicts_them_without_another_write() {
     use super::super::crash;
     let (store, fs) = crash::disks();
-    let config = Config::new(crash::DIR)
-        .cache_size(4 << 20)
-        .durability(Durability::None)
-        .evictor_threads(0)
-        .idle_write_back(None);
+    let config = crash::quiet_config().durability(Durability::None);
     let tree = crash::open_with(config.clone(), store.clone(), fs.clone()).expect("open");
     for i in 0..N {
         tree.insert(key(i), value(i, 1)).expect("insert");
     }
     tree.checkpoint().expect("checkpoint");
-    while tree.shared().pool().stats().bytes_in_use > 0 {
-        tree.shared().make_room().expect("evict");
-    }
+    tree.shared().evict_all();
     // Every seventh record updated: a dirty mini-page over each leaf's disk page.
     for i in (0..N).step_by(7) {
         tree.insert(key(i), value(i, 2)).expect("update");

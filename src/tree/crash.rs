@@ -194,6 +194,20 @@ pub(super) fn open_with(config: Config, store: Arc<FaultStore>, fs: Arc<MemFs>) 
     Ok(Tree::from_shared(shared, 0))
 }
 
+/// A configuration for a tree on `disks` whose leaves stay cached and dirty until a
+/// test evicts or writes them back: `Sync` writes, a 4 MiB cache, no evictor threads, no
+/// idle write-back.
+#[cfg(test)]
+pub(super) fn quiet_config() -> Config {
+    Config::new(DIR)
+        .cache_size(4 << 20)
+        .durability(crate::Durability::Sync)
+        // `MemFs` copies a segment's bytes on every sync: keep them small.
+        .log_segment_size(64 << 10)
+        .evictor_threads(0)
+        .idle_write_back(None)
+}
+
 /// Fresh disks that lose power together.
 pub(super) fn disks() -> (Arc<FaultStore>, Arc<MemFs>) {
     let store = Arc::new(FaultStore::new(4096));

@@ -4,10 +4,10 @@
 //! rather than for another range, and its write-back keeps the leaf's buffered writes as
 //! a damaged leaf, as for a page that fails its checksum (`evict.rs`, `salvage`).
 
-use super::crash;
+use super::crash::{self, quiet_config as config};
 use crate::error::Error;
 use crate::pool::{Location, PageId};
-use crate::{Config, Durability, Tree};
+use crate::Tree;
 
 fn key(i: u32) -> Vec<u8> {
     format!("k{i:05}").into_bytes()
@@ -17,27 +17,6 @@ fn value(i: u32, round: u8) -> Vec<u8> {
     let mut v = format!("v{i}-{round}-").into_bytes();
     v.resize(100, b'.');
     v
-}
-
-/// Every leaf stays in the cache until a test evicts it.
-fn config() -> Config {
-    Config::new(crash::DIR)
-        .cache_size(4 << 20)
-        .durability(Durability::Sync)
-        .log_segment_size(64 << 10)
-        .evictor_threads(0)
-        .idle_write_back(None)
-}
-
-/// Evicts every block, so every leaf lives on disk only.
-fn evict_all(tree: &Tree) {
-    for _ in 0..10_000 {
-        if tree.shared().pool().stats().bytes_in_use == 0 {
-            return;
-        }
-        tree.shared().make_room().expect("evict");
-    }
-    panic!("the buffer never emptied");
 }
 
 /// The disk page of evicted leaf `pid`.
@@ -61,7 +40,7 @@ fn a_leaf_page_lost_to_another_leafs_old_page_reads_as_corruption() {
         tree.insert(key(i), value(i, 0)).expect("insert");
     }
     tree.checkpoint().expect("checkpoint");
-    evict_all(&tree);
+    tree.shared().evict_all();
     let leaves = tree.shared().index().leaves();
     assert!(leaves.len() > 8, "{} leaves", leaves.len());
     // Leaf `n`'s keys (stored keys carry the default keyspace's prefix byte).
@@ -80,7 +59,7 @@ fn a_leaf_page_lost_to_another_leafs_old_page_reads_as_corruption() {
     for &i in &q_keys {
         tree.insert(key(i), value(i, 1)).expect("update q");
     }
-    evict_all(&tree);
+    tree.shared().evict_all();
     assert_ne!(page_of(&tree, q), old);
     tree.checkpoint().expect("checkpoint");
     tree.checkpoint().expect("checkpoint");
@@ -89,7 +68,7 @@ fn a_leaf_page_lost_to_another_leafs_old_page_reads_as_corruption() {
     let fresh = p_keys[0];
     tree.insert(key(fresh), value(fresh, 2)).expect("update p");
     store.lose_nth_write(1);
-    evict_all(&tree);
+    tree.shared().evict_all();
     assert_eq!(
         page_of(&tree, p),
         old,
@@ -121,7 +100,7 @@ fn a_leaf_page_lost_to_another_leafs_old_page_reads_as_corruption() {
     let other = p_keys[3];
     tree.insert(key(other), value(other, 3))
         .expect("write to p");
-    evict_all(&tree);
+    tree.shared().evict_all();
     assert_eq!(
         tree.get(key(other)).expect("written"),
         Some(value(other, 3))

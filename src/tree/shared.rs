@@ -235,6 +235,18 @@ impl Shared {
         }
     }
 
+    /// Evicts every block, so every leaf lives on disk only (tests).
+    #[cfg(test)]
+    pub(crate) fn evict_all(&self) {
+        for _ in 0..10_000 {
+            if self.pool.stats().bytes_in_use == 0 {
+                return;
+            }
+            self.make_room().expect("evict");
+        }
+        panic!("the buffer never emptied");
+    }
+
     /// `make_room` on a foreground thread, which found the buffer full (counted: the
     /// evictor threads should have kept room).
     ///

@@ -47,17 +47,6 @@ fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
     }
 }
 
-/// Evicts every block, so every leaf lives on disk only.
-fn evict_all(tree: &Tree) {
-    for _ in 0..10_000 {
-        if tree.shared().pool().stats().bytes_in_use == 0 {
-            return;
-        }
-        tree.shared().make_room().expect("evict");
-    }
-    panic!("the buffer never emptied");
-}
-
 /// A file-backed tree with the smallest cache, on the portable backend (`io_uring` rings are
 /// per OS thread, and shuttle runs every model thread on one).
 fn tiny_file_tree(dir: &std::path::Path) -> Tree {
@@ -136,7 +125,7 @@ fn get_races_eviction() {
         tree.insert(&k, &v).expect("insert");
         expected.insert(k, v);
     }
-    evict_all(&tree);
+    tree.shared().evict_all();
     let reader = {
         let (tree, before) = (tree.clone(), expected.clone());
         thread::spawn(move || {
@@ -181,7 +170,7 @@ fn evictor_run_races_writes_and_reads() {
         tree.insert(&k, &v).expect("insert");
         expected.insert(k, v);
     }
-    evict_all(&tree);
+    tree.shared().evict_all();
     let updated: Vec<(Vec<u8>, Vec<u8>)> = [3u8, 11, 19]
         .iter()
         .map(|&i| {
@@ -342,7 +331,7 @@ fn writers_race_mini_page_growth() {
         tree.insert(&k, &v).expect("insert");
         expected.insert(k, v);
     }
-    evict_all(&tree);
+    tree.shared().evict_all();
     let grows_before = tree.stats().mini_grows;
     let writers: Vec<_> = (0..2u8)
         .map(|t| {
@@ -535,7 +524,7 @@ fn merges_race_checkpoint() {
     for k in &keys {
         tree.insert(k, 10u64.to_le_bytes()).expect("insert");
     }
-    evict_all(&tree);
+    tree.shared().evict_all();
     let merger = {
         let (tree, keys) = (tree.clone(), keys.clone());
         thread::spawn(move || {
