@@ -19,9 +19,10 @@
 //! **An evictor's run** (`write_back_claimed`): an evictor thread claims `BATCH` blocks at
 //! the head (`BufferPool::evict_batch`) and writes their dirty leaves back the same way
 //! before it evicts them, so each eviction finds its leaf clean and drops the block
-//! without I/O. Evicting one leaf at a time keeps one read, then one write, in flight per
-//! evictor; with two evictors the device sat at a queue depth near 2 and the load could not
-//! go faster with more writer threads.
+//! without I/O. One leaf at a time, an evictor keeps one read, then one write, in flight,
+//! so the device works at a queue depth near the number of evictors; a run keeps 32 in
+//! flight. Several evictors' runs go on side by side, but a run gives way to a checkpoint
+//! (`PageTracker::write_backs_beside`).
 
 use super::checkpoint::{Candidate, Staged};
 use super::page_batch::PageBatch;
