@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 /// Creates the directory `path` (0700 on Unix, as bfkv creates its own); fails if anything
 /// is there.
 pub(crate) fn create_dir(path: &Path) -> Result<()> {
+    // Only Unix sets a mode on the builder.
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut builder = fs::DirBuilder::new();
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
