@@ -99,9 +99,13 @@ impl Inspections {
         self.replayed_to = Some(end);
     }
 
-    /// A checkpoint took `lsn` and is about to look at the leaves.
+    /// A checkpoint took `lsn` and is about to look at the leaves. Checkpoints that fail
+    /// release no log, so one retried with nothing logged meanwhile takes the same LSN
+    /// again: it is kept once, and the list grows only as the log does.
     pub(crate) fn took(&mut self, lsn: Lsn) {
-        self.taken.push_back(lsn);
+        if self.taken.back() != Some(&lsn) {
+            self.taken.push_back(lsn);
+        }
     }
 
     /// Leaf `pid` had nothing to write back when the checkpoint that took `lsn` looked.
@@ -444,6 +448,11 @@ mod tests {
         assert_eq!(seen.oldest_taken_since(121), None);
         seen.released_before(100);
         assert_eq!(seen.oldest_taken_since(0), Some(120));
+        // Failed checkpoints retried on an idle log take the same LSN: kept once.
+        for _ in 0..1000 {
+            seen.took(150);
+        }
+        assert_eq!(Vec::from(seen.taken.clone()), vec![120, 150]);
     }
 
     #[test]
