@@ -1,7 +1,9 @@
 //! Memory stays bounded by the cache: 2 million records (16-byte keys, 64-byte values, about
 //! 160 MB of data) go through a file-backed tree with a 16 MiB cache; resident memory may
-//! grow by at most the cache plus 48 MiB (inner nodes, the leaf map, allocator slack), and
-//! every record reads back.
+//! grow by at most the cache plus 56 MiB (inner nodes, the leaf map, the `Buffered` log's
+//! 8 MiB staging file, and what the allocator keeps per thread: here the growth is 58-61
+//! MiB in all, and varies by a few MiB from run to run with the threads' timing), and every
+//! record reads back.
 //!
 //! One test in this file on purpose: resident memory is per process, and another test
 //! running beside it would be counted too.
@@ -12,7 +14,7 @@ use bfkv::{Config, Tree};
 
 const RECORDS: u64 = 2_000_000;
 const CACHE: usize = 16 << 20;
-const SLACK: usize = 48 << 20;
+const SLACK: usize = 56 << 20;
 
 /// Resident set size of this process in bytes (`VmRSS` in `/proc/self/status`).
 fn rss() -> usize {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::page_batch::PageBatch;
 use super::Shared;
 use crate::pool::PageId;
 use crate::sync::{AtomicBool, Ordering};
@@ -230,12 +231,13 @@ impl IdleWriter {
 
 fn run_evictor(tree: &Shared, control: &Control, mut idle: Option<IdleWriter>) {
     let poll = idle.as_ref().map_or(POLL, |w| w.pause.min(POLL));
+    let mut batch = PageBatch::default();
     while !control.stopped() {
         if tree.short_of_room() {
             // Evict until there is twice the low-water room, so bursts of writes find room.
             let target = 2 * tree.low_water();
             while tree.pool().ring_free() < target && !control.stopped() {
-                if tree.make_room_batch().is_err() {
+                if tree.make_room_batch(&mut batch).is_err() {
                     std::thread::sleep(BACKOFF_ON_ERROR);
                     break;
                 }

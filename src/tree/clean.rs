@@ -71,7 +71,9 @@ impl Shared {
     /// two batches build). It gives way (does nothing) while a checkpoint or an idle pass
     /// runs, and on an error: the evictions then write each leaf themselves, and report
     /// what they meet.
-    pub(crate) fn write_back_claimed(&self, owners: &[PageId]) {
+    /// `batch` is the evictor's own, kept from run to run so that its page buffers are
+    /// reused rather than allocated for every run.
+    pub(super) fn write_back_claimed(&self, owners: &[PageId], batch: &mut PageBatch) {
         let Some(_beside) = self.storage().pages().write_backs_beside() else {
             return;
         };
@@ -79,8 +81,8 @@ impl Shared {
         if chunk.is_empty() {
             return;
         }
-        let (mut staged, mut batch) = (Vec::with_capacity(chunk.len()), PageBatch::default());
-        let _ = self.write_back_chunk(&chunk, &mut staged, &mut batch);
+        let mut staged = Vec::with_capacity(chunk.len());
+        let _ = self.write_back_chunk(&chunk, &mut staged, batch);
     }
 
     /// Stages the leaves of `chunk` and writes them (`checkpoint.rs`); on an error, what

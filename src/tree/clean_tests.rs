@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::super::checkpoint::BATCH;
 use super::super::evict::needs_write_back;
+use super::super::page_batch::PageBatch;
 use crate::node::{NodeKind, NodeRef, RecordKind};
 use crate::pool::Location;
 use crate::{Config, Durability, Tree};
@@ -216,8 +217,11 @@ fn an_evictors_batch_writes_its_leaves_together_and_evicts_them_without_another_
 
     let (before, (alone, batched)) = (tree.stats(), store.pages_written());
     // The first runs at the head may hold only dead blocks (mini-pages that grew).
+    let mut batch = PageBatch::default();
     while tree.stats().evictions - before.evictions < BATCH as u64 {
-        tree.shared().make_room_batch().expect("evict a batch");
+        tree.shared()
+            .make_room_batch(&mut batch)
+            .expect("evict a batch");
     }
     let after = tree.stats();
     let evicted = after.evictions - before.evictions;

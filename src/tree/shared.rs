@@ -12,6 +12,7 @@ use super::index::{Index, SmoGuard};
 use super::inner::{Entry, Inner, Path, Seek};
 use super::journal::Journal;
 use super::leaf::Written;
+use super::page_batch::PageBatch;
 use super::persist::DirLock;
 use super::rewind::Rewind;
 use super::stats::{Counters, Event};
@@ -215,16 +216,17 @@ impl Shared {
     }
 
     /// `make_room` for an evictor thread: evicts a run of `checkpoint::BATCH` blocks from
-    /// the head, their leaves written back first in one batch (`write_back_claimed`), so
-    /// the device works on many pages at once rather than one per evictor.
+    /// the head, their leaves written back first in one batch (`write_back_claimed`, in
+    /// the evictor's own `batch`), so the device works on many pages at once rather than
+    /// one per evictor.
     ///
     /// # Errors
     /// As [`Shared::make_room`].
-    pub(crate) fn make_room_batch(&self) -> Result<()> {
+    pub(super) fn make_room_batch(&self, batch: &mut PageBatch) -> Result<()> {
         loop {
             let outcome = self.pool.evict_batch(
                 super::checkpoint::BATCH,
-                &mut |owners| self.write_back_claimed(owners),
+                &mut |owners| self.write_back_claimed(owners, batch),
                 &mut |guard, bytes| self.evict_block(guard, bytes),
             );
             self.drain_orphans();

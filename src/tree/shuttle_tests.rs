@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use super::page_batch::PageBatch;
 use crate::config::IoBackend;
 use crate::sync::{thread, Arc};
 use crate::{Config, Tree};
@@ -190,8 +191,13 @@ fn evictor_run_races_writes_and_reads() {
     let evictor = {
         let tree = tree.clone();
         thread::spawn(move || {
-            tree.shared().make_room_batch().expect("evict a run");
-            tree.shared().make_room_batch().expect("evict a run");
+            let mut batch = PageBatch::default();
+            tree.shared()
+                .make_room_batch(&mut batch)
+                .expect("evict a run");
+            tree.shared()
+                .make_room_batch(&mut batch)
+                .expect("evict a run");
         })
     };
     let reader = {
