@@ -200,6 +200,26 @@ pub(crate) fn build(
     Ok(())
 }
 
+/// Bytes a node of at most `max_size` bytes needs to hold sorted `records` between the
+/// bounds `low` and `high`: what [`build`] fills, with the prefix such a node takes. A
+/// smaller node may keep a shorter prefix only when it is smaller than four times the
+/// longest key (`layout::max_prefix_len`), so the caller still checks the build.
+pub(crate) fn built_len(
+    records: &[Record],
+    max_size: usize,
+    low: Option<&[u8]>,
+    high: Option<&[u8]>,
+) -> usize {
+    let p = effective_prefix(low, high, max_size);
+    let (l, h) = stored_fences(low, high, p);
+    let fences = l.map_or(0, <[u8]>::len) + h.map_or(0, <[u8]>::len);
+    let bytes: usize = records
+        .iter()
+        .map(|r| META_SIZE + r.key.len().saturating_sub(p) + r.value.len())
+        .sum();
+    FIXED_COST + fences + bytes
+}
+
 /// Splits sorted records into consecutive groups that each fit a node of `node_size` bytes,
 /// balanced by bytes, within the outer bounds `low`/`high`. Returns each group's index range
 /// and low bound (the first group's is `low`). Between leaf groups the separator is the

@@ -71,7 +71,7 @@ mod tests_prop;
 #[cfg(test)]
 pub(crate) use build::shortest_separator;
 pub(crate) use build::{
-    build, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records,
+    build, built_len, copy_filtered, filtered_len, merge_sorted, mini_from_mirror, split_records,
     split_records_packed, Bytes, Record,
 };
 #[cfg(any(fuzzing, bfkv_internals))]

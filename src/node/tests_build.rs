@@ -266,3 +266,26 @@ fn packed_splits_fill_every_group_but_the_last() {
     assert!(balanced.len() >= groups.len());
     assert!(groups[0].0.len() > balanced[0].0.len());
 }
+
+#[test]
+fn built_len_is_exactly_what_a_built_leaf_uses() {
+    let (k0, k1, k00): (&[u8], &[u8], &[u8]) = (b"key0", b"key1", b"key00");
+    let bounds = [(None, None), (Some(k0), Some(k1)), (Some(k00), None)];
+    for (low, high) in bounds {
+        for (n, vlen) in [(0, 0), (1, 16), (40, 16), (90, 16), (12, 200)] {
+            let recs = records(n, vlen);
+            let need = built_len(&recs, 4096, low, high);
+            let mut page = buf(4096);
+            build(&mut page, NodeKind::Leaf, low, high, &recs).unwrap();
+            assert_eq!(NodeRef::from_bytes(&page).used_bytes(), need, "{n} records");
+            // The smallest size class holding `need` holds the leaf; 16 bytes less does not.
+            let size = crate::pool::block_size_for(need).unwrap();
+            build(&mut buf(size), NodeKind::Leaf, low, high, &recs).unwrap();
+            let tight = need.next_multiple_of(16).max(crate::node::MIN_NODE);
+            build(&mut buf(tight), NodeKind::Leaf, low, high, &recs).unwrap();
+            if n > 0 && tight - 16 >= crate::node::MIN_NODE {
+                assert!(build(&mut buf(tight - 16), NodeKind::Leaf, low, high, &recs).is_err());
+            }
+        }
+    }
+}

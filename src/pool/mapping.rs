@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use super::PageId;
-use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// Words in segment 0; segment `k` holds `FIRST_SEGMENT << k`.
 const FIRST_SEGMENT: u64 = 1024;
@@ -43,6 +43,8 @@ pub(super) struct MappingTable {
     next_id: AtomicU32,
     /// Removed ids, reused before new ones (not on the read path: only inserts and removals).
     free_ids: Mutex<Vec<PageId>>,
+    /// Ids handed out and not given back.
+    in_use: AtomicUsize,
     /// Tests: `take_id` answers as if all 2^32 ids were taken (really taking them would need
     /// 32 GiB of table).
     #[cfg(test)]
@@ -56,6 +58,7 @@ impl MappingTable {
             segments: std::array::from_fn(|_| OnceLock::new()),
             next_id: AtomicU32::new(0),
             free_ids: Mutex::new(Vec::new()),
+            in_use: AtomicUsize::new(0),
             #[cfg(test)]
             exhausted: std::sync::atomic::AtomicBool::new(false),
         }
@@ -89,9 +92,13 @@ impl MappingTable {
         if self.exhausted.load(Ordering::Relaxed) {
             return None;
         }
-        if let Some(pid) = self.free_ids.lock().pop() {
-            return Some(pid);
-        }
+        let pid = self.free_ids.lock().pop().or_else(|| self.fresh_id())?;
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Some(pid)
+    }
+
+    /// An id never handed out, if any is left.
+    fn fresh_id(&self) -> Option<PageId> {
         let mut cur = self.next_id.load(Ordering::Relaxed);
         loop {
             let next = cur.checked_add(1)?;
@@ -110,6 +117,12 @@ impl MappingTable {
     /// Makes `pid` available again (its word is already vacant).
     pub(super) fn give_back(&self, pid: PageId) {
         self.free_ids.lock().push(pid);
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Ids handed out and not given back (a relaxed count: exact once the table is quiet).
+    pub(super) fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
     }
 
     /// One past the largest id ever handed out.
@@ -122,6 +135,8 @@ impl MappingTable {
         // Reused in ascending order: lower ids keep the table dense.
         free.sort_unstable_by(|a, b| b.cmp(a));
         self.next_id.store(limit, Ordering::Relaxed);
+        let in_use = (limit as usize).saturating_sub(free.len());
+        self.in_use.store(in_use, Ordering::Relaxed);
         *self.free_ids.lock() = free;
     }
 }
@@ -151,11 +166,15 @@ mod tests {
         assert_eq!(t.take_id(), Some(0));
         assert_eq!(t.take_id(), Some(1));
         t.give_back(0);
+        assert_eq!(t.in_use(), 1);
         assert_eq!(t.take_id(), Some(0));
         assert_eq!(t.take_id(), Some(2));
+        assert_eq!(t.in_use(), 3);
         t.set_ids(10, vec![7, 3]);
+        assert_eq!(t.in_use(), 8);
         assert_eq!(t.take_id(), Some(3));
         assert_eq!(t.take_id(), Some(7));
+        assert_eq!(t.in_use(), 10);
         assert_eq!(t.take_id(), Some(10));
         assert_eq!(t.id_limit(), 11);
     }

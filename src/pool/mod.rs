@@ -234,6 +234,11 @@ impl BufferPool {
         self.capacity
     }
 
+    /// Entries in the mapping table: the tree's leaves (a relaxed count).
+    pub(crate) fn pages_in_use(&self) -> usize {
+        self.table.in_use()
+    }
+
     /// One more than the largest page id handed out so far.
     pub(crate) fn page_id_limit(&self) -> PageId {
         self.table.id_limit()

@@ -15,21 +15,27 @@ use crate::node::{self, NodeKind, NodeMut, NodeRef, Record, RecordKind};
 use crate::pool::{Location, WriteGuard};
 
 impl Shared {
-    /// Keeps a scanned leaf in memory as a full-page mirror so the next scan needs no I/O
-    /// (paper §5.3). Best effort and never evicts: a scan does not write to disk.
+    /// Keeps a leaf read from disk page `disk` in memory as a full-page mirror, merged with
+    /// its mini-page if it has one, so the next scan needs no I/O (paper §5.3), or the next
+    /// lookup when whole leaves are cached (`whole_leaves.rs`). Best effort and never
+    /// evicts: a read does not write to disk. Returns whether it did.
     pub(super) fn mirror_scanned<'p>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
         leaf: NodeRef<'_>,
         disk: u64,
-    ) {
+    ) -> bool {
+        if leaf.flags() & FLAG_DAMAGED != 0 {
+            // A mirror would answer for the keys the damaged leaf lost.
+            return false;
+        }
         let (records, dirty) = match page.mini() {
             Some(b) => {
                 let mini = NodeRef::from_bytes(b);
                 let fold = &mut |k: &[u8], b: Option<&[u8]>, ops: &[u8]| self.fold(k, b, ops);
                 let Ok(records) = node::merge_sorted(leaf, mini, fold) else {
-                    return;
+                    return false;
                 };
                 (records, mini.dirty_count() > 0)
             }
@@ -41,10 +47,11 @@ impl Shared {
             .len()
             != 1
         {
-            return;
+            return false;
         }
-        let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
-            return;
+        let size = self.mirror_size(&records, low.as_deref(), high.as_deref());
+        let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
+            return false;
         };
         if node::build(
             block.bytes_mut(),
@@ -55,7 +62,7 @@ impl Shared {
         )
         .is_err()
         {
-            return;
+            return false;
         }
         let mut node = NodeMut::from_bytes(block.bytes_mut());
         node.set_disk_page(Some(disk));
@@ -63,7 +70,19 @@ impl Shared {
         if let Some(old) = page.set_mini(block) {
             self.pool().dealloc(old);
         }
-        self.counters().count(Event::ScanMirror);
+        true
+    }
+
+    /// The block a scanned leaf's mirror of `records` takes: the smallest size class that
+    /// holds them, at most a page. Leaves filled by random inserts are about 70 % full, so
+    /// whole-page scan mirrors left a 282 MiB cache short of 5M records (16 B keys and
+    /// values) that fit it this way (`BFKV_CENSUS`). A write that does not fit rebuilds the
+    /// mirror as a whole page (`rebuild_leaf`). Mirrors made for writes (`to_mirror`) take a
+    /// page from the start: the writes that filled the mini-page keep coming.
+    fn mirror_size(&self, records: &[Record], low: Option<&[u8]>, high: Option<&[u8]>) -> usize {
+        let page = self.page_size();
+        let need = node::built_len(records, page, low, high);
+        crate::pool::block_size_for(need).map_or(page, |s| s.min(page))
     }
 
     /// Merges the mini-page with its disk leaf into a full-page mirror (paper §5.5), or
@@ -321,14 +340,15 @@ impl Shared {
     /// answers: read-only traffic would otherwise keep moving whole pages for the few hot
     /// records in each (after a load, most of the cache is such pages), crowding out the hot
     /// records of other leaves. One with no referenced record is dropped. A dirty mirror
-    /// moves whole: its changes are only in memory.
+    /// moves whole: its changes are only in memory. So does every mirror while the cache
+    /// holds whole leaves (`whole_leaves.rs`).
     pub(crate) fn copy_to_tail<'p>(&'p self, page: &mut WriteGuard<'p>) {
         let Some(bytes) = page.mini() else { return };
         let node = NodeRef::from_bytes(bytes);
         let mirror = node.kind() == NodeKind::Leaf;
         if let Some(disk) = node
             .disk_page()
-            .filter(|_| mirror && node.flags() & FLAG_DIRTY == 0)
+            .filter(|_| mirror && node.flags() & FLAG_DIRTY == 0 && !self.caches_whole_leaves())
         {
             let need = node::filtered_len(node, |_, referenced| referenced);
             let size = crate::pool::block_size_for(need).unwrap_or(usize::MAX);

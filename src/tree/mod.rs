@@ -88,6 +88,7 @@ mod stats;
 mod storage;
 #[cfg(test)]
 mod tests;
+mod whole_leaves;
 
 pub use api::Tree;
 pub use batch::Batch;

@@ -571,7 +571,9 @@ impl Shared {
                 > super::leaf::percent_roll()
             {
                 if let Ok(mut w) = page.try_upgrade() {
-                    self.mirror_scanned(path, &mut w, leaf, disk);
+                    if self.mirror_scanned(path, &mut w, leaf, disk) {
+                        self.counters().count(Event::ScanMirror);
+                    }
                 }
             }
             Ok(())

@@ -1,7 +1,7 @@
 //! Model-checked interleavings of tree operations (shuttle): an insert racing a leaf split,
 //! a get racing eviction, scans racing a split and a leaf removal, two writers racing the
 //! growth of one mini-page, lock-free reads racing writers to their leaf, reads racing a
-//! split of another leaf. Each scenario ends with the structural checker and a comparison
+//! split of another leaf, lookups caching whole leaves racing writes and eviction. Each scenario ends with the structural checker and a comparison
 //! of the whole tree with what the threads acknowledged.
 
 use std::collections::BTreeMap;
@@ -58,6 +58,23 @@ fn tiny_file_tree(dir: &std::path::Path) -> Tree {
             .promotion_percent(50),
     )
     .expect("open")
+}
+
+/// Adds leaves of filler records (keys from `z`, after every scenario's) until the tree
+/// has more than its cache holds whole, so that reads that miss cache their record in a
+/// mini-page rather than the whole leaf (`whole_leaves.rs`). Returns what it wrote.
+fn fill_past_whole_leaves(tree: &Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut filler = BTreeMap::new();
+    for i in 0..=u16::MAX {
+        if !tree.shared().caches_whole_leaves() {
+            return filler;
+        }
+        let k = [&b"z"[..], &i.to_be_bytes()].concat();
+        let v = val(&k, 0, 1500);
+        tree.insert(&k, &v).expect("filler");
+        filler.insert(k, v);
+    }
+    panic!("the tree never outgrew its cache");
 }
 
 /// One leaf nearly full; two threads insert records that each may trigger its split, a third
@@ -337,6 +354,8 @@ fn writers_race_mini_page_growth() {
         tree.insert(&k, &v).expect("insert");
         expected.insert(k, v);
     }
+    // The reader's miss must not turn the leaf into a mirror.
+    expected.extend(fill_past_whole_leaves(&tree));
     tree.shared().evict_all();
     let grows_before = tree.stats().mini_grows;
     let writers: Vec<_> = (0..2u8)
@@ -710,5 +729,83 @@ fn shuttle_splits_elsewhere_restart_no_reader() {
     assert!(
         RECHECKS.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "no schedule split a leaf while a read was in flight"
+    );
+}
+
+/// Leaves on disk behind a cache that holds them all: each lookup that misses caches its
+/// whole leaf as a mirror (merged with the mini-page a racing write may have made), while a
+/// writer updates, inserts and removes in the same leaves and an evictor evicts.
+fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = Config::new(dir.path())
+        .cache_size(64 << 10)
+        .io_backend(IoBackend::Pread)
+        .promotion_percent(100);
+    let tree = Arc::new(Tree::open(config).expect("open"));
+    let mut expected = BTreeMap::new();
+    for i in 0..24u8 {
+        let k = vec![b'c', i * 2];
+        let v = val(&k, 0, 500);
+        tree.insert(&k, &v).expect("insert");
+        expected.insert(k, v);
+    }
+    tree.shared().evict_all();
+    assert!(
+        tree.shared().caches_whole_leaves(),
+        "setup outgrew the cache"
+    );
+    let changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
+        (vec![b'c', 8], Some(val(&[b'c', 8], 1, 40))),
+        (vec![b'c', 9], Some(val(&[b'c', 9], 1, 600))),
+        (vec![b'c', 32], None),
+        (vec![b'c', 41], Some(val(&[b'c', 41], 1, 80))),
+    ];
+    let writer = {
+        let (tree, changes) = (tree.clone(), changes.clone());
+        thread::spawn(move || {
+            for (k, v) in &changes {
+                match v {
+                    Some(v) => tree.insert(k, v).expect("insert"),
+                    None => tree.remove(k).expect("remove"),
+                }
+            }
+        })
+    };
+    let evictor = {
+        let tree = tree.clone();
+        thread::spawn(move || {
+            tree.shared().make_room().expect("evict");
+            tree.shared().make_room().expect("evict");
+        })
+    };
+    let reader = {
+        let (tree, before) = (tree.clone(), expected.clone());
+        thread::spawn(move || {
+            // Keys none of the writes touch.
+            for (k, v) in before.iter().step_by(5) {
+                assert_eq!(tree.get(k).expect("get").as_ref(), Some(v), "lost {k:?}");
+            }
+        })
+    };
+    writer.join().expect("writer");
+    evictor.join().expect("evictor");
+    reader.join().expect("reader");
+    for (k, v) in changes {
+        match v {
+            Some(v) => expected.insert(k, v),
+            None => expected.remove(&k),
+        };
+    }
+    check_final(&tree, &expected);
+    assert!(tree.stats().leaves_cached > 0, "no lookup cached its leaf");
+}
+
+#[test]
+fn shuttle_lookups_cache_whole_leaves_racing_writes_and_eviction() {
+    shuttle::check_random(lookups_cache_whole_leaves_racing_writes_and_eviction, 300);
+    shuttle::check_pct(
+        lookups_cache_whole_leaves_racing_writes_and_eviction,
+        300,
+        3,
     );
 }

@@ -35,6 +35,10 @@ pub struct Stats {
     pub mirrors_shrunk: u64,
     /// Scanned leaves kept in memory as full-page mirrors.
     pub scan_mirrors: u64,
+    /// Leaves a lookup read from disk and kept in memory whole, as mirrors: what a miss
+    /// caches while the cache can hold every leaf (otherwise it caches its record, counted
+    /// in `promotions`).
+    pub leaves_cached: u64,
     /// Leaves written back to disk (by eviction or checkpoint).
     pub write_backs: u64,
     /// Leaf splits.
@@ -130,6 +134,8 @@ pub(crate) enum Event {
     MirrorShrunk,
     /// A scanned leaf kept as a mirror.
     ScanMirror,
+    /// A leaf a lookup read kept whole, as a mirror.
+    LeafCached,
     /// A leaf written back to disk.
     WriteBack,
     /// A leaf split.
@@ -156,6 +162,7 @@ pub(crate) struct Counters {
     copied_to_tail: AtomicU64,
     mirrors_shrunk: AtomicU64,
     scan_mirrors: AtomicU64,
+    leaves_cached: AtomicU64,
     write_backs: AtomicU64,
     splits: AtomicU64,
     leaves_removed: AtomicU64,
@@ -184,6 +191,7 @@ impl Counters {
             Event::CopiedToTail => &self.copied_to_tail,
             Event::MirrorShrunk => &self.mirrors_shrunk,
             Event::ScanMirror => &self.scan_mirrors,
+            Event::LeafCached => &self.leaves_cached,
             Event::WriteBack => &self.write_backs,
             Event::Split => &self.splits,
             Event::LeafRemoved => &self.leaves_removed,
@@ -259,6 +267,7 @@ impl Shared {
             copied_to_tail: get(&c.copied_to_tail),
             mirrors_shrunk: get(&c.mirrors_shrunk),
             scan_mirrors: get(&c.scan_mirrors),
+            leaves_cached: get(&c.leaves_cached),
             write_backs: get(&c.write_backs),
             splits: get(&c.splits),
             leaves_removed: get(&c.leaves_removed),
