@@ -361,7 +361,9 @@ impl Shared {
         // A mini-page moves into the smallest block its kept records fit: dropping cold
         // records without shrinking left the moved mini-pages 61 % full on a steady YCSB-C
         // (`BFKV_CENSUS`).
-        let size = if mirror {
+        // A clean mirror moving whole (the cache holds whole leaves) takes the smallest
+        // class that holds it; a dirty one keeps its room for the writes it is getting.
+        let size = if mirror && node.flags() & FLAG_DIRTY != 0 {
             node.size()
         } else {
             let need = node::filtered_len(node, keep);
