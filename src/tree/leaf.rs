@@ -249,7 +249,8 @@ impl Shared {
             let mut lookup = Lookup::answer(value, out);
             if self.promotes(key) {
                 if let Ok(mut w) = page.try_upgrade() {
-                    if self.caches_whole_leaves() && self.mirror_scanned(path, &mut w, leaf, disk) {
+                    if self.caches_whole_leaves() && self.mirror_read_leaf(path, &mut w, leaf, disk)
+                    {
                         self.counters().count(Event::LeafCached);
                         return Ok(lookup);
                     }

@@ -19,7 +19,7 @@ impl Shared {
     /// its mini-page if it has one, so the next scan needs no I/O (paper §5.3), or the next
     /// lookup when whole leaves are cached (`whole_leaves.rs`). Best effort and never
     /// evicts: a read does not write to disk. Returns whether it did.
-    pub(super) fn mirror_scanned<'p>(
+    pub(super) fn mirror_read_leaf<'p>(
         &'p self,
         path: &Path<'_>,
         page: &mut WriteGuard<'p>,
@@ -73,9 +73,9 @@ impl Shared {
         true
     }
 
-    /// The block a scanned leaf's mirror of `records` takes: the smallest size class that
-    /// holds them, at most a page. Leaves filled by random inserts are about 70 % full, so
-    /// whole-page scan mirrors left a 282 MiB cache short of 5M records (16 B keys and
+    /// The block the mirror of a leaf read from disk (`records`) takes: the smallest size
+    /// class that holds them, at most a page. Leaves filled by random inserts are about 70 %
+    /// full, so whole-page mirrors left a 282 MiB cache short of 5M records (16 B keys and
     /// values) that fit it this way (`BFKV_CENSUS`). A write that does not fit rebuilds the
     /// mirror as a whole page (`rebuild_leaf`). Mirrors made for writes (`to_mirror`) take a
     /// page from the start: the writes that filled the mini-page keep coming.

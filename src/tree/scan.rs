@@ -571,7 +571,7 @@ impl Shared {
                 > super::leaf::percent_roll()
             {
                 if let Ok(mut w) = page.try_upgrade() {
-                    if self.mirror_scanned(path, &mut w, leaf, disk) {
+                    if self.mirror_read_leaf(path, &mut w, leaf, disk) {
                         self.counters().count(Event::ScanMirror);
                     }
                 }
