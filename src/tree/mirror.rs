@@ -42,14 +42,10 @@ impl Shared {
             None => (node_records(leaf), false),
         };
         let (low, high) = path.bounds();
-        if self
-            .leaf_groups(&records, low.as_deref(), high.as_deref(), false)
-            .len()
-            != 1
-        {
+        // Records that need more than a page wait for a write to split them.
+        let Some(size) = self.mirror_size(&records, low.as_deref(), high.as_deref()) else {
             return false;
-        }
-        let size = self.mirror_size(&records, low.as_deref(), high.as_deref());
+        };
         let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
             return false;
         };
@@ -74,15 +70,21 @@ impl Shared {
     }
 
     /// The block the mirror of a leaf read from disk (`records`) takes: the smallest size
-    /// class that holds them, at most a page. Leaves filled by random inserts are about 70 %
+    /// class that holds them, or `None` if they need more than a page (exactly when
+    /// `leaf_groups` would cut them). Leaves filled by random inserts are about 70 %
     /// full, so whole-page mirrors left a 282 MiB cache short of 5M records (16 B keys and
     /// values) that fit it this way (`BFKV_CENSUS`). A write that does not fit rebuilds the
     /// mirror as a whole page (`rebuild_leaf`). Mirrors made for writes (`to_mirror`) take a
     /// page from the start: the writes that filled the mini-page keep coming.
-    fn mirror_size(&self, records: &[Record], low: Option<&[u8]>, high: Option<&[u8]>) -> usize {
+    fn mirror_size(
+        &self,
+        records: &[Record],
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Option<usize> {
         let page = self.page_size();
         let need = node::built_len(records, page, low, high);
-        crate::pool::block_size_for(need).map_or(page, |s| s.min(page))
+        (need <= page).then(|| crate::pool::block_size_for(need).map_or(page, |s| s.min(page)))
     }
 
     /// Merges the mini-page with its disk leaf into a full-page mirror (paper §5.5), or
