@@ -202,10 +202,17 @@ impl Shared {
                 cache_size: self.config.cache_size,
             });
         }
+        self.evict_until_settled(|| {
+            self.pool
+                .evict_one(&mut |guard, bytes| self.evict_block(guard, bytes))
+        })
+    }
+
+    /// Runs `evict` (one eviction or one run) until it makes progress or finds nothing to
+    /// evict, dropping the blocks it orphaned after each try.
+    fn evict_until_settled(&self, mut evict: impl FnMut() -> Result<Evicted>) -> Result<()> {
         loop {
-            let outcome = self
-                .pool
-                .evict_one(&mut |guard, bytes| self.evict_block(guard, bytes));
+            let outcome = evict();
             self.drain_orphans();
             match outcome? {
                 Evicted::Progress | Evicted::Nothing => return Ok(()),
@@ -223,18 +230,13 @@ impl Shared {
     /// # Errors
     /// As [`Shared::make_room`].
     pub(super) fn make_room_batch(&self, batch: &mut PageBatch) -> Result<()> {
-        loop {
-            let outcome = self.pool.evict_batch(
+        self.evict_until_settled(|| {
+            self.pool.evict_batch(
                 super::checkpoint::BATCH,
                 &mut |owners| self.write_back_claimed(owners, batch),
                 &mut |guard, bytes| self.evict_block(guard, bytes),
-            );
-            self.drain_orphans();
-            match outcome? {
-                Evicted::Progress | Evicted::Nothing => return Ok(()),
-                Evicted::Busy => sync::yield_now(),
-            }
-        }
+            )
+        })
     }
 
     /// Evicts every block, so every leaf lives on disk only (tests).
