@@ -53,6 +53,7 @@ struct InPlace {
 
 impl Copied {
     /// Whether every copied record was taken.
+    #[inline]
     pub(super) fn is_empty(&self) -> bool {
         if self.adopted {
             self.leaf.next >= self.leaf.end
@@ -123,6 +124,7 @@ impl Copied {
     }
 
     /// The key of the record last taken from the front since the last `clear`.
+    #[inline]
     pub(super) fn last_taken_front(&self) -> Option<&[u8]> {
         if self.leaf.took_front {
             return Some(&self.leaf.front);
@@ -131,6 +133,7 @@ impl Copied {
     }
 
     /// The key of the record last taken from the back since the last `clear`.
+    #[inline]
     pub(super) fn last_taken_back(&self) -> Option<&[u8]> {
         if self.leaf.took_back {
             return Some(&self.leaf.back);
@@ -213,6 +216,7 @@ impl Copied {
     }
 
     /// Takes the first record: its key and value.
+    #[inline]
     pub(super) fn pop_front(&mut self) -> Option<(&[u8], &[u8])> {
         if self.adopted {
             let leaf = &mut self.leaf;
@@ -230,6 +234,7 @@ impl Copied {
     }
 
     /// Takes the last record: its key and value.
+    #[inline]
     pub(super) fn pop_back(&mut self) -> Option<(&[u8], &[u8])> {
         if self.adopted {
             let leaf = &mut self.leaf;
@@ -249,6 +254,7 @@ impl Copied {
 
 /// Record `i` of an adopted leaf's `node`: its value in place, its key written into `key`
 /// after the node's prefix (the first `prefix_len` bytes of `key`).
+#[inline]
 fn lend_record<'a>(
     node: &'a [u8],
     i: usize,
