@@ -516,7 +516,9 @@ fn lend<'a>(
     Ok((key, value))
 }
 
-/// The value a reference names, read into `blob_value`, with its key.
+/// The value a reference names, read into `blob_value`, with its key. Out of line and
+/// marked cold so that `lend` stays small: only values stored out of line come here, and
+/// reading one from the blob file costs far more than the call.
 #[cold]
 #[inline(never)]
 fn read_outline<'a>(
