@@ -475,6 +475,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         results.push(run_phase(&engine, args, phase, &next_insert)?);
     }
     let before_close = Disk::of(&dir);
+    let page_size = engine.0.page_size();
     engine.0.close()?;
     let at_end = Disk::of(&dir);
     if args.json {
@@ -482,7 +483,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     } else {
         print_table(&results);
         println!(
-            "disk: {:.1} MiB data + {:.1} MiB log after load, {:.1} + {:.1} MiB after the workloads, {:.1} + {:.1} MiB after close; peak RSS {:.1} MiB; reads/writes are 4 KiB leaf pages per operation",
+            "disk: {:.1} MiB data + {:.1} MiB log after load, {:.1} + {:.1} MiB after the workloads, {:.1} + {:.1} MiB after close; peak RSS {:.1} MiB; reads/writes are {} KiB leaf pages per operation",
             mib(after_load.data),
             mib(after_load.log),
             mib(before_close.data),
@@ -490,6 +491,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             mib(at_end.data),
             mib(at_end.log),
             peak_rss() as f64 / f64::from(1 << 20),
+            page_size >> 10,
         );
     }
     Ok(())

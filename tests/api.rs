@@ -194,7 +194,7 @@ fn bad_settings_are_invalid_config() {
         base().second_chance_percent(101),
         base().promotion_percent(101),
         base().merge_threshold(0),
-        base().merge_threshold(8192),
+        base().merge_threshold(16384),
         Config::in_memory().cache_size(1),
     ] {
         match Tree::open(config.clone()) {
@@ -243,7 +243,7 @@ fn a_full_in_memory_tree_says_cache_full_and_keeps_what_it_acknowledged() {
 #[test]
 fn reopening_with_another_page_size_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tree = Tree::open(Config::new(dir.path())).expect("open");
+    let tree = Tree::open(Config::new(dir.path()).page_size(4096)).expect("open");
     for i in 0..500 {
         tree.insert(key(i), value(i)).expect("insert");
     }
@@ -254,8 +254,33 @@ fn reopening_with_another_page_size_is_an_error() {
             other => panic!("page size {size}: expected an error, got {other:?}"),
         }
     }
-    let tree = Tree::open(Config::new(dir.path())).expect("reopen with the right size");
+    let tree = Tree::open(Config::new(dir.path()).page_size(4096)).expect("reopen");
     assert_eq!(all(&tree).len(), 500);
+}
+
+#[test]
+fn reopening_without_a_page_size_keeps_the_trees_own() {
+    for size in [4096, 8192, 16384] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = Tree::open(Config::new(dir.path()).page_size(size)).expect("open");
+        for i in 0..2000 {
+            tree.insert(key(i), value(i)).expect("insert");
+        }
+        tree.close().expect("close");
+        // The default page size differs from two of the three: the tree's own wins, and
+        // with it the limits.
+        let tree = Tree::open(Config::new(dir.path())).expect("reopen with the default");
+        assert_eq!(tree.limits().max_key_len, size / 4, "page size {size}");
+        assert_eq!(all(&tree).len(), 2000);
+        for i in 2000..4000 {
+            tree.insert(key(i), value(i)).expect("insert after reopen");
+        }
+        tree.close().expect("close");
+        let tree = Tree::open(Config::new(dir.path()).page_size(size)).expect("reopen");
+        let mut expected: Vec<Kv> = (0..4000).map(|i| (key(i), value(i))).collect();
+        expected.sort();
+        assert_eq!(all(&tree), expected, "page size {size}");
+    }
 }
 
 /// A closed tree of `n` records in `dir` with a small cache (so later reads go to disk).
@@ -387,7 +412,9 @@ fn a_bit_flipped_or_truncated_checkpoint_is_corruption() {
 fn a_million_removed_keys_scan_without_deep_recursion() {
     const N: usize = 1_000_000;
     let dir = tempfile::tempdir().expect("tempdir");
-    let tree = Tree::open(Config::new(dir.path()).cache_size(8 << 20)).expect("open");
+    // 4 KiB pages: the most leaves for the records.
+    let config = Config::new(dir.path()).page_size(4096).cache_size(8 << 20);
+    let tree = Tree::open(config).expect("open");
     let k = |i: usize| (i as u64 * 2).to_be_bytes();
     for i in 0..N {
         tree.insert(k(i), [b'v'; 16]).expect("insert");

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::disk::{self, Disk};
 use super::paged::{check_page_size, PagedStore};
+use super::superblock;
 use super::{PageBuf, PageNo};
 use crate::error::{Error, Result};
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -62,6 +63,29 @@ impl FileStore {
     /// off Linux; `Io` if the file cannot be opened or `io_uring` cannot be set up;
     /// `Corruption` if neither superblock slot is valid.
     pub(crate) fn open(path: &Path, page_size: usize, backend: Backend) -> Result<FileStore> {
+        Self::open_sized(path, page_size, false, backend)
+    }
+
+    /// As [`FileStore::open`], except that an existing data file keeps the page size it was
+    /// created with: `page_size` is the size of a new file's pages. `page_size()` tells
+    /// which size the store has.
+    ///
+    /// # Errors
+    /// As [`FileStore::open`], less the page size other than the file's.
+    pub(crate) fn open_keeping_size(
+        path: &Path,
+        page_size: usize,
+        backend: Backend,
+    ) -> Result<FileStore> {
+        Self::open_sized(path, page_size, true, backend)
+    }
+
+    fn open_sized(
+        path: &Path,
+        page_size: usize,
+        keep: bool,
+        backend: Backend,
+    ) -> Result<FileStore> {
         check_page_size(page_size)?;
         if backend == Backend::IoUring {
             #[cfg(target_os = "linux")]
@@ -83,6 +107,11 @@ impl FileStore {
             abandoned: std::sync::atomic::AtomicBool::new(false),
         };
         if len > 0 {
+            let page_size = if keep {
+                superblock::stored_page_size(&disk)?.unwrap_or(page_size)
+            } else {
+                page_size
+            };
             return PagedStore::mount(disk, page_size);
         }
         let store = PagedStore::format(disk, page_size)?;

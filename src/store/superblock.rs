@@ -211,15 +211,23 @@ pub(super) fn load<D: Disk>(disk: &D, page_size: usize) -> Result<Loaded> {
 /// Whether slot 0 or 1 holds a valid superblock written with a page size other than
 /// `page_size`.
 fn other_page_size<D: Disk>(disk: &D, page_size: usize) -> Result<bool> {
+    Ok(stored_page_size(disk)?.is_some_and(|stored| stored != page_size))
+}
+
+/// The page size of the valid superblock in slot 0 or 1, whatever size it was written
+/// with; `None` if neither slot holds one. The size field is read from the first 4 KiB
+/// (every page size's slot 0 starts there), then trusted only if a slot written with that
+/// size passes its checks.
+pub(super) fn stored_page_size<D: Disk>(disk: &D) -> Result<Option<usize>> {
     let mut probe = [PageBuf::new(MIN_PAGE_SIZE)];
     disk.read_pages(&[0], &mut probe)?;
     let claimed = get_u32(&probe[0], 20) as usize;
-    if claimed == page_size
-        || !claimed.is_power_of_two()
+    if !claimed.is_power_of_two()
         || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&claimed)
         || claimed <= STORE_RESERVED
     {
-        return Ok(false);
+        return Ok(None);
     }
-    Ok(read_slot(disk, claimed, 0)?.is_ok() || read_slot(disk, claimed, 1)?.is_ok())
+    let valid = read_slot(disk, claimed, 0)?.is_ok() || read_slot(disk, claimed, 1)?.is_ok();
+    Ok(valid.then_some(claimed))
 }

@@ -577,6 +577,22 @@ impl Tree {
     pub fn limits(&self) -> Limits {
         self.shared.limits()
     }
+
+    /// The size of this tree's leaf pages in bytes: the one it was created with
+    /// ([`Config::page_size`](crate::Config::page_size)).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()).page_size(16 << 10))?;
+    /// tree.close()?;
+    /// // Reopened without a page size, it keeps its own.
+    /// let tree = bfkv::Tree::open(bfkv::Config::new(dir.path()))?;
+    /// assert_eq!(tree.page_size(), 16 << 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn page_size(&self) -> usize {
+        self.shared.page_size()
+    }
 }
 
 /// `for (key, value) in &tree` walks every record in key order, as [`Tree::iter`].

@@ -286,7 +286,9 @@ fn full_checkpoints_where_the_log_cannot_stand_in() {
 #[test]
 fn a_full_checkpoint_goes_in_rounds_that_bound_the_file() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // 4 KiB pages: 420k records make enough leaves for several rounds.
     let config = Config::new(dir.path())
+        .page_size(4096)
         .cache_size(64 << 20)
         .durability(Durability::Buffered)
         .evictor_threads(0)
@@ -364,7 +366,9 @@ fn dirty_past_the_log_limit(dir: &std::path::Path) -> (Tree, u32, Lsn) {
 }
 
 fn moving_config(dir: &std::path::Path) -> Config {
+    // 4 KiB pages, as `data` counts them: 420k records make enough leaves for several rounds.
     Config::new(dir)
+        .page_size(4096)
         .cache_size(64 << 20)
         .durability(Durability::Buffered)
         .checkpoint_log_bytes(4 << 20)

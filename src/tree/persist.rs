@@ -113,8 +113,18 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
         IoBackend::Pread | IoBackend::Auto => Backend::Pread,
     };
     let data_path = dir.join("data");
-    let store: Arc<dyn PageStore> =
-        Arc::new(FileStore::open(&data_path, config.page_size, backend)?);
+    let store = if config.page_size_set {
+        FileStore::open(&data_path, config.page_size, backend)?
+    } else {
+        FileStore::open_keeping_size(&data_path, config.page_size, backend)?
+    };
+    let mut config = config;
+    if store.page_size() != config.page_size {
+        // An existing tree's own page size, which the limits and the cache's minimum follow.
+        config.page_size = store.page_size();
+        config.validate()?;
+    }
+    let store: Arc<dyn PageStore> = Arc::new(store);
     let blobs = Some(dir.join("blobs"));
     open_on(
         config,

@@ -2,7 +2,8 @@
 //! a get racing eviction, scans racing a split and a leaf removal, two writers racing the
 //! growth of one mini-page, lock-free reads racing writers to their leaf, reads racing a
 //! split of another leaf, lookups caching whole leaves racing writes and eviction. Each scenario ends with the structural checker and a comparison
-//! of the whole tree with what the threads acknowledged.
+//! of the whole tree with what the threads acknowledged. Trees have 4 KiB pages and small
+//! caches, so that a few hundred records split leaves and fill the cache.
 
 use std::collections::BTreeMap;
 
@@ -53,6 +54,7 @@ fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
 fn tiny_file_tree(dir: &std::path::Path) -> Tree {
     Tree::open(
         Config::new(dir)
+            .page_size(4096)
             .cache_size(64 << 10)
             .io_backend(IoBackend::Pread)
             .promotion_percent(50),
@@ -80,7 +82,9 @@ fn fill_past_whole_leaves(tree: &Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
 /// One leaf nearly full; two threads insert records that each may trigger its split, a third
 /// reads the records that were there before.
 fn insert_races_split() {
-    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let tree = Arc::new(
+        Tree::open(Config::in_memory().page_size(4096).cache_size(256 << 10)).expect("open"),
+    );
     let mut expected = BTreeMap::new();
     for i in 0..11u8 {
         let k = vec![b'k', i * 2];
@@ -242,7 +246,9 @@ fn shuttle_evictor_run_races_writes_and_reads() {
 /// another thread splits the last leaf, and a third scans both ways: every stable key once,
 /// in order, and nothing that was never written.
 fn scan_races_split_and_merge() {
-    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let tree = Arc::new(
+        Tree::open(Config::in_memory().page_size(4096).cache_size(256 << 10)).expect("open"),
+    );
     let mut stable = BTreeMap::new();
     let mut churn = Vec::new();
     for (prefix, n) in [(b'a', 3u8), (b'm', 3), (b'z', 3)] {
@@ -449,7 +455,9 @@ fn shuttle_page_move_races_snapshot() {
 /// Two batches over keys in three leaves race each other, a split and two scans (one each
 /// way): every scan must see each batch whole or not at all, and the batches in one order.
 fn batches_race_scans() {
-    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let tree = Arc::new(
+        Tree::open(Config::in_memory().page_size(4096).cache_size(256 << 10)).expect("open"),
+    );
     let mut expected = BTreeMap::new();
     // 36 records of 300 bytes: three leaves or more; the watched keys sit far apart.
     for i in 0..36u8 {
@@ -539,6 +547,7 @@ fn merges_race_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = || {
         Config::new(dir.path())
+            .page_size(4096)
             .cache_size(64 << 10)
             .io_backend(IoBackend::Pread)
             .durability(crate::Durability::Sync)
@@ -603,7 +612,9 @@ fn shuttle_merges_race_checkpoint() {
 /// scans them without locks (`optimistic.rs`): every value read is one the writer wrote
 /// whole, and a scan sees each key once, in order.
 fn optimistic_reads_race_writers() {
-    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let tree = Arc::new(
+        Tree::open(Config::in_memory().page_size(4096).cache_size(256 << 10)).expect("open"),
+    );
     let keys: Vec<Vec<u8>> = (0..6u8).map(|i| vec![b'o', i]).collect();
     for k in &keys {
         tree.insert(k, val(k, 0, 60)).expect("insert");
@@ -672,7 +683,9 @@ static RECHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 /// lock-free paths alike): the reader may have to walk the index again, but never lets go of
 /// its leaf (`Index::settle`), since no change took a key from it.
 fn splits_elsewhere_restart_no_reader() {
-    let tree = Arc::new(Tree::open(Config::in_memory().cache_size(256 << 10)).expect("open"));
+    let tree = Arc::new(
+        Tree::open(Config::in_memory().page_size(4096).cache_size(256 << 10)).expect("open"),
+    );
     let mut expected = BTreeMap::new();
     for i in 0..24u8 {
         let k = vec![b'k', i * 2];
@@ -738,6 +751,7 @@ fn shuttle_splits_elsewhere_restart_no_reader() {
 fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config::new(dir.path())
+        .page_size(4096)
         .cache_size(64 << 10)
         .io_backend(IoBackend::Pread)
         .promotion_percent(100);
