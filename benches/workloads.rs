@@ -12,7 +12,7 @@
 //!   `/proc/self/io`) are printed after each benchmark.
 //!
 //! Records: 1,000,000 per dataset (`BFKV_BENCH_N`), 16-byte keys, 16-byte values (`v16`) or
-//! 100-byte values (`v100`). Everything else is the shared runner of `bench/workload`, the
+//! 100-byte values (`v100`), 4 KiB leaf pages. Everything else is the shared runner of `bench/workload`, the
 //! one `benches/ycsb.rs` and the examples use: every value read is checked.
 //!
 //! **Load** (`load/1t`, `load/2t`; disk groups only the first of `BFKV_BENCH_THREADS`, as a
@@ -132,6 +132,7 @@ impl Dataset {
         match self.regime {
             Regime::Memory => {
                 let config = Config::in_memory()
+                    .page_size(4096)
                     .cache_size(self.cache())
                     .durability(Durability::None);
                 Ok((Bfkv(Tree::open(config)?), None))
@@ -142,6 +143,7 @@ impl Dataset {
                     None => tempfile::tempdir()?,
                 };
                 let config = Config::new(dir.path())
+                    .page_size(4096)
                     .cache_size(self.cache())
                     .durability(Durability::None);
                 Ok((Bfkv(Tree::open(config)?), Some(dir)))

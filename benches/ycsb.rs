@@ -32,7 +32,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 /// Opens engine `name` in a fresh directory with `cache` bytes of cache.
 fn open(name: &str, dir: &std::path::Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
     Ok(match name {
-        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::None, None)?),
+        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::None, None, None)?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(cache)?),
         _ => Box::new(MsBfTree::open(dir, cache)?),
     })

@@ -37,7 +37,7 @@ fn bench_dir(name: &str) -> PathBuf {
 /// `Sync` inserts of distinct 16-byte keys with 16-byte values from `threads` threads.
 fn sync_inserts(threads: u64, ops: u64) {
     let dir = bench_dir(&format!("sync-{threads}"));
-    let tree = Tree::open(Config::new(&dir).durability(Durability::Sync)).expect("open");
+    let tree = Tree::open(base(&dir).durability(Durability::Sync)).expect("open");
     let before = tree.stats().log_syncs;
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -78,7 +78,7 @@ fn loaded_tree(durability: Durability, records: u64) -> Tree {
     let dir = bench_dir(&format!("ycsb-{durability:?}"));
     // In memory: room for every record (about 60 bytes each in mini-pages) with space left.
     let cache = (256 << 20).max(records as usize * 128);
-    let mut config = Config::new(&dir).cache_size(cache).durability(durability);
+    let mut config = base(&dir).cache_size(cache).durability(durability);
     if let Some(bytes) = checkpoint_log_bytes() {
         config = config.checkpoint_log_bytes(bytes);
     }
@@ -207,7 +207,7 @@ fn ycsb_a_paired(records: u64, rounds: u64, ops: u64, threads: usize) {
 fn checkpoint_pause(records: u64) {
     let dir = bench_dir("pause");
     let tree = Tree::open(
-        Config::new(&dir)
+        base(&dir)
             .cache_size(512 << 20)
             .durability(Durability::Buffered)
             .checkpoint_log_bytes(1 << 40),
@@ -282,8 +282,13 @@ fn recovery_child(dir: &Path, ops: u64) -> ! {
     std::process::exit(0)
 }
 
+/// Every case's tree: 4 KiB leaf pages, as `docs/benchmarks.md` reports them.
+fn base(dir: &Path) -> Config {
+    Config::new(dir).page_size(4096)
+}
+
 fn recovery_config(dir: &Path) -> Config {
-    Config::new(dir)
+    base(dir)
         .cache_size(256 << 20)
         .durability(Durability::Buffered)
         .checkpoint_log_bytes(1 << 40)

@@ -66,6 +66,9 @@ struct Args {
     /// bfkv's read-promotion percentage (default: bfkv's own default, 100; bf-tree's is 30).
     #[arg(long)]
     bfkv_promotion: Option<u8>,
+    /// bfkv's leaf page size in bytes (default: bfkv's own default, 8 KiB).
+    #[arg(long)]
+    bfkv_page_size: Option<usize>,
     /// Internal: run one engine in this process and print raw results.
     #[arg(long, hide = true)]
     engine: Option<String>,
@@ -131,6 +134,7 @@ fn child(args: &Args, engine_name: &str) -> Result<(), BoxError> {
             args.cache_size,
             Durability::None,
             args.bfkv_promotion,
+            args.bfkv_page_size,
         )?),
         _ => None,
     };
@@ -244,6 +248,9 @@ fn spawn(args: &Args, engine: &str, threads: usize) -> Result<Vec<Row>, BoxError
     }
     if let Some(p) = args.bfkv_promotion {
         cmd.args(["--bfkv-promotion", &p.to_string()]);
+    }
+    if let Some(bytes) = args.bfkv_page_size {
+        cmd.args(["--bfkv-page-size", &bytes.to_string()]);
     }
     if let Some(d) = &args.dir {
         cmd.arg("--dir").arg(d);

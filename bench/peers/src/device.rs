@@ -1,5 +1,6 @@
-//! The device limit: random 4 KiB `O_DIRECT` `pread`s per second on a large file on the same
-//! file system as the engines' files, with the same number of threads as the engine run.
+//! The device limit: random `O_DIRECT` `pread`s of one bfkv page per second on a large file on
+//! the same file system as the engines' files, with the same number of threads as the engine
+//! run.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::{File, OpenOptions};
@@ -11,43 +12,41 @@ use std::time::{Duration, Instant};
 
 use bfkv_workload::Rng;
 
-/// Bytes per read: one page.
-const BLOCK: usize = 4096;
-
-/// A page-aligned buffer for `O_DIRECT` reads, freed on drop.
+/// A buffer for `O_DIRECT` reads, aligned to its size, freed on drop.
 struct AlignedBlock {
-    /// Start of the allocation (non-null, `BLOCK`-aligned, `BLOCK` bytes).
+    /// Start of the allocation (non-null, aligned to `layout`'s size, which it has).
     ptr: *mut u8,
+    /// Its layout: a power-of-two size, aligned to that size.
+    layout: Layout,
 }
 
 impl AlignedBlock {
-    /// The allocation's layout.
-    fn layout() -> Layout {
-        // BLOCK is a nonzero power of two, so this cannot fail.
-        Layout::from_size_align(BLOCK, BLOCK).unwrap_or(Layout::new::<u8>())
-    }
-
-    /// A zeroed aligned block.
-    fn new() -> io::Result<AlignedBlock> {
+    /// A zeroed block of `len` bytes (a power of two, at least 512).
+    fn new(len: usize) -> io::Result<AlignedBlock> {
+        let layout = Layout::from_size_align(len, len)
+            .ok()
+            .filter(|_| len >= 512)
+            .ok_or_else(|| io::Error::other("block size is not a power of two of 512 or more"))?;
         // SAFETY: the layout has a nonzero size.
-        let ptr = unsafe { alloc_zeroed(Self::layout()) };
+        let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
             return Err(io::Error::other("out of memory"));
         }
-        Ok(AlignedBlock { ptr })
+        Ok(AlignedBlock { ptr, layout })
     }
 
     /// The block as a slice.
     fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is a live, exclusively owned allocation of BLOCK initialized bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, BLOCK) }
+        // SAFETY: `ptr` is a live, exclusively owned allocation of `layout.size()`
+        // initialized (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }
 }
 
 impl Drop for AlignedBlock {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr, Self::layout()) };
+        unsafe { dealloc(self.ptr, self.layout) };
     }
 }
 
@@ -76,9 +75,10 @@ pub fn prepare_file(path: &Path, bytes: u64) -> io::Result<()> {
     f.sync_all()
 }
 
-/// Random 4 KiB `O_DIRECT` reads per second over `path` with `threads` threads for `secs`.
-pub fn pread_iops(path: &Path, threads: usize, secs: f64) -> io::Result<f64> {
-    let blocks = std::fs::metadata(path)?.len() / BLOCK as u64;
+/// Random `O_DIRECT` reads of `block` bytes (a power of two) per second over `path` with
+/// `threads` threads for `secs`.
+pub fn pread_iops(path: &Path, threads: usize, secs: f64, block: usize) -> io::Result<f64> {
+    let blocks = std::fs::metadata(path)?.len() / block as u64;
     if blocks == 0 {
         return Err(io::Error::other("probe file is empty"));
     }
@@ -86,7 +86,7 @@ pub fn pread_iops(path: &Path, threads: usize, secs: f64) -> io::Result<f64> {
     let start = Instant::now();
     let counts: Vec<io::Result<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads.max(1))
-            .map(|t| s.spawn(move || reader(path, blocks, t as u64, deadline)))
+            .map(|t| s.spawn(move || reader(path, block, blocks, t as u64, deadline)))
             .collect();
         handles
             .into_iter()
@@ -104,8 +104,8 @@ pub fn pread_iops(path: &Path, threads: usize, secs: f64) -> io::Result<f64> {
     Ok(total as f64 / elapsed.max(1e-9))
 }
 
-/// One reading thread: random block reads until `deadline`; returns how many.
-fn reader(path: &Path, blocks: u64, seed: u64, deadline: Instant) -> io::Result<u64> {
+/// One reading thread: random reads of `block` bytes until `deadline`; returns how many.
+fn reader(path: &Path, block: usize, blocks: u64, seed: u64, deadline: Instant) -> io::Result<u64> {
     let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -113,11 +113,11 @@ fn reader(path: &Path, blocks: u64, seed: u64, deadline: Instant) -> io::Result<
     // Readahead does not apply to O_DIRECT, but say so anyway for the buffered fallback.
     // SAFETY: a valid open descriptor; advice has no memory-safety effect.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    let mut buf = AlignedBlock::new()?;
+    let mut buf = AlignedBlock::new(block)?;
     let mut rng = Rng::new(0x5eed ^ seed);
     let mut n = 0u64;
     while !n.is_multiple_of(64) || Instant::now() < deadline {
-        let off = rng.below(blocks) * BLOCK as u64;
+        let off = rng.below(blocks) * block as u64;
         f.read_exact_at(buf.as_mut(), off)?;
         n += 1;
     }
@@ -140,7 +140,10 @@ mod tests {
             std::fs::metadata(&path).unwrap().modified().unwrap(),
             before
         );
-        let iops = pread_iops(&path, 2, 0.2).unwrap();
-        assert!(iops > 100.0, "{iops}");
+        for block in [4096, 8192] {
+            let iops = pread_iops(&path, 2, 0.2, block).unwrap();
+            assert!(iops > 100.0, "{block}: {iops}");
+        }
+        assert!(pread_iops(&path, 1, 0.1, 3000).is_err());
     }
 }

@@ -40,7 +40,7 @@ const LMDB_MAP_SIZE: usize = 16 << 30;
 /// Opens engine `name` in the empty directory `dir` with `cache` bytes of its own cache.
 pub fn open(name: &str, dir: &Path, cache: usize) -> Result<Box<dyn Engine>, BoxError> {
     Ok(match name {
-        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::Buffered, None)?),
+        "bfkv" => Box::new(Bfkv::open(dir, cache, Durability::Buffered, None, None)?),
         "bf-tree" => Box::new(MsBfTree::open(dir, cache.next_power_of_two())?),
         "bf-tree-cache-only" => Box::new(MsBfTree::open_cache_only(cache.next_power_of_two())?),
         "rocksdb" => Box::new(Rocks::open(dir, cache, true)?),

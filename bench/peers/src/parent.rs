@@ -169,7 +169,13 @@ fn device_check(opts: &Options, report: &mut Report, threads: usize) {
     let probe = probe_path(opts);
     let iops = device::prepare_file(&probe, opts.probe_bytes).and_then(|()| {
         memory::drop_page_cache();
-        device::pread_iops(&probe, threads, opts.secs)
+        // One read per bfkv leaf page, the unit of its page reads per operation.
+        device::pread_iops(
+            &probe,
+            threads,
+            opts.secs,
+            bfkv::Config::in_memory().get_page_size(),
+        )
     });
     match iops {
         Ok(iops) => {

@@ -401,7 +401,7 @@ fn device_block(s: &mut String, report: &Report) {
     );
     let _ = writeln!(
         s,
-        "bfkv runs phase U (100 % reads, uniform keys) after its load with a cache of a tenth of the raw data; the harness then measures random 4 KiB `O_DIRECT` `pread`s on a 1 GiB file in the same directory with the same number of threads for the same time. The device allows `pread IOPS / (bfkv's leaf-page reads per op)` ops/s; the share is bfkv's ops/s over that (the issue asks for >= 80 %).\n"
+        "bfkv runs phase U (100 % reads, uniform keys) after its load with a cache of a tenth of the raw data; the harness then measures random `O_DIRECT` `pread`s of one bfkv page (its default size) on a 1 GiB file in the same directory with the same number of threads for the same time. The device allows `pread IOPS / (bfkv's leaf-page reads per op)` ops/s; the share is bfkv's ops/s over that (the issue asks for >= 80 %).\n"
     );
     let rows: Vec<Vec<String>> = report
         .device

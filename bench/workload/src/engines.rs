@@ -16,7 +16,8 @@ pub struct Bfkv(pub Tree);
 
 impl Bfkv {
     /// Opens a bfkv tree in `dir` with `cache` bytes of circular buffer, the given
-    /// durability and, if given, a read-promotion percentage other than the default.
+    /// durability and, if given, a read-promotion percentage and a page size other than
+    /// the defaults.
     ///
     /// # Errors
     /// Whatever [`Tree::open`] returns.
@@ -25,10 +26,14 @@ impl Bfkv {
         cache: usize,
         durability: Durability,
         promotion: Option<u8>,
+        page_size: Option<usize>,
     ) -> Result<Bfkv, BoxError> {
         let mut config = Config::new(dir).cache_size(cache).durability(durability);
         if let Some(p) = promotion {
             config = config.promotion_percent(p);
+        }
+        if let Some(bytes) = page_size {
+            config = config.page_size(bytes);
         }
         Ok(Bfkv(Tree::open(config)?))
     }
