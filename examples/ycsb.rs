@@ -62,6 +62,9 @@ struct Args {
     /// Log segment file size (default: `Config`'s).
     #[arg(long, value_parser = parse_size)]
     log_segment: Option<usize>,
+    /// Leaf page size: bytes, or with a K suffix (default: `Config`'s, 8 KiB).
+    #[arg(long, value_parser = parse_size)]
+    page_size: Option<usize>,
     /// Seconds per workload (ignored with --ops).
     #[arg(long, default_value_t = 8.0)]
     duration: f64,
@@ -453,6 +456,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(bytes) = args.log_segment {
         config = config.log_segment_size(bytes as u64);
+    }
+    if let Some(bytes) = args.page_size {
+        config = config.page_size(bytes);
     }
     let engine = Bfkv(Tree::open(config)?);
     let raw = args.records * (args.key_size + args.value_size) as u64;
