@@ -215,19 +215,31 @@ fn other_page_size<D: Disk>(disk: &D, page_size: usize) -> Result<bool> {
 }
 
 /// The page size of the valid superblock in slot 0 or 1, whatever size it was written
-/// with; `None` if neither slot holds one. The size field is read from the first 4 KiB
-/// (every page size's slot 0 starts there), then trusted only if a slot written with that
-/// size passes its checks.
+/// with; `None` if neither slot holds one. Slot 0 starts the file at every page size, so
+/// its size field (in the first 4 KiB) names the candidate, trusted only if the slot passes
+/// its checks at that size. Slot 1 starts one page in: if slot 0 is torn or damaged, it is
+/// tried at every page size.
 pub(super) fn stored_page_size<D: Disk>(disk: &D) -> Result<Option<usize>> {
     let mut probe = [PageBuf::new(MIN_PAGE_SIZE)];
     disk.read_pages(&[0], &mut probe)?;
     let claimed = get_u32(&probe[0], 20) as usize;
-    if !claimed.is_power_of_two()
-        || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&claimed)
-        || claimed <= STORE_RESERVED
-    {
-        return Ok(None);
+    if is_page_size(claimed) && read_slot(disk, claimed, 0)?.is_ok() {
+        return Ok(Some(claimed));
     }
-    let valid = read_slot(disk, claimed, 0)?.is_ok() || read_slot(disk, claimed, 1)?.is_ok();
-    Ok(valid.then_some(claimed))
+    let mut size = MIN_PAGE_SIZE;
+    while size <= MAX_PAGE_SIZE {
+        // A read past the end of a small file only means no slot 1 of this size.
+        if is_page_size(size) && matches!(read_slot(disk, size, 1), Ok(Ok(_))) {
+            return Ok(Some(size));
+        }
+        size *= 2;
+    }
+    Ok(None)
+}
+
+/// Whether `size` is a page size a data file can have.
+fn is_page_size(size: usize) -> bool {
+    size.is_power_of_two()
+        && (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&size)
+        && size > STORE_RESERVED
 }

@@ -435,6 +435,42 @@ fn page_size_is_checked_and_fixed_at_creation() {
     assert_eq!(buf[16383], 7);
 }
 
+/// `open_keeping_size` takes an existing file's page size, from slot 0 or, when slot 0 is
+/// damaged, from slot 1; a new file gets the size given.
+#[test]
+fn an_existing_file_keeps_its_page_size_even_with_slot_0_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d");
+    let s = FileStore::open(&path, 16384, Backend::Pread).unwrap();
+    let mut buf = PageBuf::new(16384);
+    buf[16383] = 7;
+    let p = s.allocate().unwrap();
+    s.write(p, &mut buf).unwrap();
+    s.sync().unwrap();
+    // A second superblock, so that both slots name page `p`.
+    let q = s.allocate().unwrap();
+    s.write(q, &mut buf).unwrap();
+    s.sync().unwrap();
+    drop(s);
+    let s = FileStore::open_keeping_size(&path, 8192, Backend::Pread).unwrap();
+    assert_eq!(s.page_size(), 16384);
+    drop(s);
+    let pristine = std::fs::read(&path).unwrap();
+    // Slot 0's checksum broken (its size field intact), then its size field garbage.
+    for (at, flip) in [(100, 0xff), (21, 0x5a)] {
+        let mut bytes = pristine.clone();
+        bytes[at] ^= flip;
+        std::fs::write(&path, &bytes).unwrap();
+        let s = FileStore::open_keeping_size(&path, 8192, Backend::Pread).unwrap();
+        assert_eq!(s.page_size(), 16384, "byte {at} damaged");
+        let mut back = PageBuf::new(16384);
+        s.read(p, &mut back).unwrap();
+        assert_eq!(back[16383], 7);
+    }
+    let fresh = FileStore::open_keeping_size(&dir.path().join("e"), 8192, Backend::Pread);
+    assert_eq!(fresh.unwrap().page_size(), 8192);
+}
+
 /// A data file of the format before keyspaces (bare keys) is refused with a reason that
 /// says so, not read as keys of some keyspace.
 #[test]
