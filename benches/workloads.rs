@@ -12,8 +12,9 @@
 //!   `/proc/self/io`) are printed after each benchmark.
 //!
 //! Records: 1,000,000 per dataset (`BFKV_BENCH_N`), 16-byte keys, 16-byte values (`v16`) or
-//! 100-byte values (`v100`), 4 KiB leaf pages. Everything else is the shared runner of `bench/workload`, the
-//! one `benches/ycsb.rs` and the examples use: every value read is checked.
+//! 100-byte values (`v100`), 4 KiB leaf pages. Everything else is the shared runner of
+//! `bench/workload`, the one `benches/ycsb.rs` and the examples use: every value read is
+//! checked.
 //!
 //! **Load** (`load/1t`, `load/2t`; disk groups only the first of `BFKV_BENCH_THREADS`, as a
 //! disk load takes seconds; throughput in records per second): one criterion iteration
