@@ -9,6 +9,9 @@ use crate::pool::Location;
 impl Shared {
     /// Checks the invariants; returns a description of the first violation.
     pub(crate) fn check_structure(&self) -> Result<(), String> {
+        // Splits and leaf removals wait (an evictor thread may remove an empty leaf at any
+        // time), so the leaves listed stay the tree's while they are checked.
+        let _structure = self.index().lock_smo();
         let leaves = self.index().leaves();
         for (i, (low, pid)) in leaves.iter().enumerate() {
             let high = leaves.get(i + 1).map(|(l, _)| l.as_slice());
