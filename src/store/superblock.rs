@@ -229,7 +229,7 @@ pub(super) fn stored_page_size<D: Disk>(disk: &D) -> Result<Option<usize>> {
     let mut size = MIN_PAGE_SIZE;
     while size <= MAX_PAGE_SIZE {
         // A read past the end of a small file only means no slot 1 of this size.
-        if is_page_size(size) && matches!(read_slot(disk, size, 1), Ok(Ok(_))) {
+        if matches!(read_slot(disk, size, 1), Ok(Ok(_))) {
             return Ok(Some(size));
         }
         size *= 2;

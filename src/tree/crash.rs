@@ -178,14 +178,8 @@ fn open(store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
     open_with(config(), store, fs)
 }
 
-/// `open` with another configuration (its directory is ignored). Unless the configuration
-/// sets a page size, the tree takes the store's, as a tree opened on a data file does.
+/// `open` with another configuration (its directory is ignored).
 pub(super) fn open_with(config: Config, store: Arc<FaultStore>, fs: Arc<MemFs>) -> Result<Tree> {
-    let config = if config.page_size_set {
-        config
-    } else {
-        config.page_size(store.page_size())
-    };
     let store: Arc<dyn PageStore> = store;
     let fs: Arc<dyn LogFs> = fs;
     let shared = std::sync::Arc::new(persist::open_on(

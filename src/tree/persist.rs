@@ -113,18 +113,11 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
         IoBackend::Pread | IoBackend::Auto => Backend::Pread,
     };
     let data_path = dir.join("data");
-    let store = if config.page_size_set {
+    let store: Arc<dyn PageStore> = Arc::new(if config.page_size_set {
         FileStore::open(&data_path, config.page_size, backend)?
     } else {
         FileStore::open_keeping_size(&data_path, config.page_size, backend)?
-    };
-    let mut config = config;
-    if store.page_size() != config.page_size {
-        // An existing tree's own page size, which the limits and the cache's minimum follow.
-        config.page_size = store.page_size();
-        config.validate()?;
-    }
-    let store: Arc<dyn PageStore> = Arc::new(store);
+    });
     let blobs = Some(dir.join("blobs"));
     open_on(
         config,
@@ -140,9 +133,10 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
 /// Opens the tree in `dir` over the page store `store` (named `data_path` in errors), with
 /// its log and checkpoint file on `fs`: the production `open` passes the data file and
 /// [`StdFs`]; the power-cut tests pass a `FaultStore` and an in-memory `MemFs`, and no
-/// blob file (`blobs_path`; without one every value is stored inline).
+/// blob file (`blobs_path`; without one every value is stored inline). Unless `config`
+/// sets a page size, the tree takes the store's.
 pub(crate) fn open_on(
-    config: Config,
+    mut config: Config,
     dir: &FsPath,
     store: Arc<dyn PageStore>,
     data_path: PathBuf,
@@ -150,6 +144,16 @@ pub(crate) fn open_on(
     fs: Arc<dyn LogFs>,
     lock: Option<DirLock>,
 ) -> Result<Shared> {
+    if store.page_size() != config.page_size {
+        if config.page_size_set {
+            return Err(Error::InvalidConfig {
+                reason: "page size differs from the one the data file was created with",
+            });
+        }
+        // An existing tree's own page size, which the limits and the cache's minimum follow.
+        config.page_size = store.page_size();
+        config.validate()?;
+    }
     let ckpt_path = dir.join("checkpoint");
     let loaded = match vfs::read_all(&*fs, &ckpt_path) {
         Ok(bytes) => Some(decode(&bytes, &ckpt_path, config.page_size)?),
