@@ -63,10 +63,6 @@ pub fn facts(dir: &Path) -> Vec<(String, String)> {
         ("kernel".into(), kernel),
         ("file system".into(), format!("{fs} ({})", abs.display())),
         (
-            "date".into(),
-            output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(unknown),
-        ),
-        (
             "rustc".into(),
             output("rustc", &["--version"]).unwrap_or_else(unknown),
         ),
