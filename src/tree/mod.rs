@@ -83,6 +83,8 @@ mod scan;
 mod scan_buffers;
 mod shared;
 #[cfg(all(test, shuttle))]
+mod shuttle_mirror_tests;
+#[cfg(all(test, shuttle))]
 mod shuttle_tests;
 mod stats;
 mod storage;

@@ -209,6 +209,12 @@ impl Shared {
 
 #[cfg(all(test, not(shuttle)))]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::ops::Bound;
+
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
     use crate::{Config, Tree};
 
     /// Every entry's lock word and version.
@@ -259,5 +265,65 @@ mod tests {
         );
         tree.insert(0u32.to_be_bytes(), [8u8; 24]).unwrap();
         assert_ne!(entries(&tree), before, "a write leaves a trace");
+    }
+
+    #[test]
+    fn scans_over_whole_leaves_take_no_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::new(dir.path())
+            .page_size(4096)
+            .cache_size(8 << 20)
+            .promotion_percent(100);
+        let tree = Tree::open(config).unwrap();
+        let mut expected = BTreeMap::new();
+        for i in 0..4000u32 {
+            let (k, v) = (
+                (2 * i).to_be_bytes().to_vec(),
+                vec![i as u8; 1 + i as usize % 29],
+            );
+            tree.insert(&k, &v).unwrap();
+            expected.insert(k, v);
+        }
+        tree.shared().evict_all();
+        for k in expected.keys() {
+            tree.get(k).unwrap();
+        }
+        assert!(
+            tree.stats().leaves_cached > 20,
+            "too few leaves cached whole"
+        );
+        let locks = tree.shared().pool().read_locks();
+        let bound = |rng: &mut SmallRng, at: u32| {
+            let key = at.to_be_bytes().to_vec();
+            match rng.gen_range(0..3) {
+                0 => Bound::Unbounded,
+                1 => Bound::Included(key),
+                _ => Bound::Excluded(key),
+            }
+        };
+        let mut rng = SmallRng::seed_from_u64(5);
+        for round in 0..400 {
+            let from = rng.gen_range(0..8002u32);
+            let to = rng.gen_range(from + 1..8003);
+            let range = (bound(&mut rng, from), bound(&mut rng, to));
+            let take = rng.gen_range(1..300);
+            let want = expected
+                .range(range.clone())
+                .map(|(k, v)| (k.clone(), v.clone()));
+            let scan = tree.range(range.clone()).map(Result::unwrap);
+            if round % 2 == 0 {
+                assert!(scan.take(take).eq(want.take(take)), "{range:?} up");
+            } else {
+                assert!(
+                    scan.rev().take(take).eq(want.rev().take(take)),
+                    "{range:?} down"
+                );
+            }
+        }
+        assert_eq!(
+            tree.shared().pool().read_locks(),
+            locks,
+            "a scan over leaves cached whole took a lock"
+        );
     }
 }

@@ -12,10 +12,10 @@ use crate::config::IoBackend;
 use crate::sync::{thread, Arc};
 use crate::{Config, Tree};
 
-type Kv = (Vec<u8>, Vec<u8>);
+pub(super) type Kv = (Vec<u8>, Vec<u8>);
 
 /// A value that names its key and version, so a read can tell a torn or misplaced value.
-fn val(key: &[u8], version: u8, len: usize) -> Vec<u8> {
+pub(super) fn val(key: &[u8], version: u8, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len.max(key.len() + 1));
     v.push(version);
     v.extend_from_slice(key);
@@ -35,7 +35,7 @@ fn contents(tree: &Tree) -> Vec<Kv> {
 }
 
 /// Checks the structure and that the tree holds exactly `expected`.
-fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
+pub(super) fn check_final(tree: &Tree, expected: &BTreeMap<Vec<u8>, Vec<u8>>) {
     if let Err(e) = tree.shared().check_structure() {
         panic!("structure: {e}");
     }
