@@ -26,6 +26,9 @@ pub(crate) trait Words {
     /// Appends bytes `at..at + len` to `out` (the caller keeps them inside the node), each
     /// read once: what a check made of them stays true of the copy.
     fn copy(&self, at: usize, len: usize, out: &mut Vec<u8>);
+    /// Starts loading the cache line of byte `at` (a hint; nothing by default).
+    #[inline]
+    fn prefetch(&self, _at: usize) {}
 }
 
 /// A node of `size` bytes read through `load`.
@@ -152,11 +155,19 @@ impl<L: Words> RacyNode<L> {
 
     /// Searches a full key, as [`NodeRef::search`](super::NodeRef::search).
     pub(crate) fn search(&self, key: &[u8]) -> Search {
-        let n = key.len().min(self.prefix_len);
-        match self.cmp_bytes(self.prefix_at, n, &key[..n]) {
-            Ordering::Equal if key.len() >= self.prefix_len => {
-                self.search_suffix(&key[self.prefix_len..])
-            }
+        if key.len() >= self.prefix_len {
+            // The prefix's bytes sit at the node's far end, on a line of their own: search
+            // the suffix while that line loads, then check the prefix (a key routed to this
+            // node almost always has it).
+            self.load.prefetch(self.prefix_at);
+            let found = self.search_suffix(&key[self.prefix_len..]);
+            return match self.cmp_bytes(self.prefix_at, self.prefix_len, &key[..self.prefix_len]) {
+                Ordering::Equal => found,
+                Ordering::Greater => Search::NotFound(0),
+                Ordering::Less => Search::NotFound(self.len),
+            };
+        }
+        match self.cmp_bytes(self.prefix_at, key.len(), key) {
             // The key is a proper prefix of the prefix, or sorts below it.
             Ordering::Equal | Ordering::Greater => Search::NotFound(0),
             Ordering::Less => Search::NotFound(self.len),
@@ -291,6 +302,11 @@ mod tests {
                 b"pre:dd",
                 b"q",
                 b"pre:e",
+                // As long as the prefix or longer, outside it: below and above.
+                b"pra:zz",
+                b"pre9",
+                b"pre;",
+                b"pre;ab",
             ]
             .into_iter()
             .map(<[u8]>::to_vec)

@@ -226,6 +226,18 @@ impl<'a> NodeRef<'a> {
     /// Searches a full key. Keys not sharing the prefix sort before or after all records.
     #[inline]
     pub(crate) fn search(&self, key: &[u8]) -> Search {
+        let prefix_len = self.prefix_len();
+        if key.len() >= prefix_len {
+            // As `RacyNode::search`: the suffix search runs while the prefix's line loads.
+            let prefix = self.prefix();
+            super::prefetch(prefix.as_ptr());
+            let found = self.search_suffix(&key[prefix_len..]);
+            return match prefix.cmp(&key[..prefix_len]) {
+                Ordering::Equal => found,
+                Ordering::Greater => Search::NotFound(0),
+                Ordering::Less => Search::NotFound(self.len()),
+            };
+        }
         match self.strip_prefix(key) {
             Ok(suffix) => self.search_suffix(suffix),
             Err(s) => s,

@@ -102,6 +102,14 @@ impl BlockView<'_> {
         unsafe { (*self.payload.cast::<RawAtomicU64>().add(i)).load(Ordering::Relaxed) }
     }
 
+    /// Starts loading the cache line of byte `at` (nothing past the block).
+    #[inline]
+    pub(crate) fn prefetch_at(&self, at: usize) {
+        if at < self.len {
+            crate::node::prefetch(self.payload.wrapping_add(at));
+        }
+    }
+
     /// Copies bytes `at..at + dst.len()`, clamped to the block, to the start of `dst`: one
     /// plain copy, so each byte is read once, maybe torn like `load_word`'s words.
     #[inline]

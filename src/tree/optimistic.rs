@@ -45,6 +45,11 @@ impl Words for BlockView<'_> {
     fn copy(&self, at: usize, len: usize, out: &mut Vec<u8>) {
         self.copy_bytes(at, len, out);
     }
+
+    #[inline]
+    fn prefetch(&self, at: usize) {
+        self.prefetch_at(at);
+    }
 }
 
 /// The mini-page `read` found.
