@@ -6,13 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Bound, RangeBounds};
 
-use super::shuttle_tests::{check_final, val, Kv};
-use crate::config::IoBackend;
-use crate::sync::{thread, Arc};
-use crate::{Config, Tree};
-
-/// What a writer does to one key: its new value, or `None` to remove it.
-type Change = (Vec<u8>, Option<Vec<u8>>);
+use super::shuttle_tests::{apply, check_final, leaves_on_disk, spawn_writer, val, Change, Kv};
+use crate::sync::thread;
 
 /// Checks that `seen`, a scan of `(start, end)` in key order, holds each key in range as
 /// `before` had it or as `changes` left it, and nothing else.
@@ -53,20 +48,7 @@ fn check_scan(
 /// descending, while a writer changes records in the same leaves.
 fn scans_over_whole_leaves_race_writes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config::new(dir.path())
-        .page_size(4096)
-        .cache_size(64 << 10)
-        .io_backend(IoBackend::Pread)
-        .promotion_percent(100);
-    let tree = Arc::new(Tree::open(config).expect("open"));
-    let mut expected = BTreeMap::new();
-    for i in 0..24u8 {
-        let k = vec![b'c', i * 2];
-        let v = val(&k, 0, 300);
-        tree.insert(&k, &v).expect("insert");
-        expected.insert(k, v);
-    }
-    tree.shared().evict_all();
+    let (tree, mut expected) = leaves_on_disk(dir.path(), 300);
     for k in expected.keys() {
         tree.get(k).expect("get");
     }
@@ -80,17 +62,7 @@ fn scans_over_whole_leaves_race_writes() {
         (vec![b'c', 30], None),
         (vec![b'c', 31], Some(val(&[b'c', 31], 1, 20))),
     ];
-    let writer = {
-        let (tree, changes) = (tree.clone(), changes.clone());
-        thread::spawn(move || {
-            for (k, v) in &changes {
-                match v {
-                    Some(v) => tree.insert(k, v).expect("insert"),
-                    None => tree.remove(k).expect("remove"),
-                }
-            }
-        })
-    };
+    let writer = spawn_writer(&tree, &changes);
     let reader = {
         let (tree, before, changes) = (tree.clone(), expected.clone(), changes.clone());
         thread::spawn(move || {
@@ -121,12 +93,7 @@ fn scans_over_whole_leaves_race_writes() {
     };
     writer.join().expect("writer");
     reader.join().expect("reader");
-    for (k, v) in changes {
-        match v {
-            Some(v) => expected.insert(k, v),
-            None => expected.remove(&k),
-        };
-    }
+    apply(&mut expected, changes);
     check_final(&tree, &expected);
 }
 

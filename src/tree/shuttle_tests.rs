@@ -745,12 +745,17 @@ fn shuttle_splits_elsewhere_restart_no_reader() {
     );
 }
 
-/// Leaves on disk behind a cache that holds them all: each lookup that misses caches its
-/// whole leaf as a mirror (merged with the mini-page a racing write may have made), while a
-/// writer updates, inserts and removes in the same leaves and an evictor evicts.
-fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config::new(dir.path())
+/// What a writer does to one key: its new value, or `None` to remove it.
+pub(super) type Change = (Vec<u8>, Option<Vec<u8>>);
+
+/// A file-backed tree of 24 records of `value_len` bytes, all on disk only, behind a cache
+/// that can hold every leaf whole (a lookup that misses then caches its leaf as a mirror),
+/// and what it holds.
+pub(super) fn leaves_on_disk(
+    dir: &std::path::Path,
+    value_len: usize,
+) -> (Arc<Tree>, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let config = Config::new(dir)
         .page_size(4096)
         .cache_size(64 << 10)
         .io_backend(IoBackend::Pread)
@@ -759,7 +764,7 @@ fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
     let mut expected = BTreeMap::new();
     for i in 0..24u8 {
         let k = vec![b'c', i * 2];
-        let v = val(&k, 0, 500);
+        let v = val(&k, 0, value_len);
         tree.insert(&k, &v).expect("insert");
         expected.insert(k, v);
     }
@@ -768,23 +773,45 @@ fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
         tree.shared().caches_whole_leaves(),
         "setup outgrew the cache"
     );
-    let changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
+    (tree, expected)
+}
+
+/// A thread that makes `changes` to `tree` in order.
+pub(super) fn spawn_writer(tree: &Arc<Tree>, changes: &[Change]) -> thread::JoinHandle<()> {
+    let (tree, changes) = (tree.clone(), changes.to_vec());
+    thread::spawn(move || {
+        for (k, v) in &changes {
+            match v {
+                Some(v) => tree.insert(k, v).expect("insert"),
+                None => tree.remove(k).expect("remove"),
+            }
+        }
+    })
+}
+
+/// Makes `changes` to the model of the tree.
+pub(super) fn apply(expected: &mut BTreeMap<Vec<u8>, Vec<u8>>, changes: Vec<Change>) {
+    for (k, v) in changes {
+        match v {
+            Some(v) => expected.insert(k, v),
+            None => expected.remove(&k),
+        };
+    }
+}
+
+/// Leaves on disk behind a cache that holds them all: each lookup that misses caches its
+/// whole leaf as a mirror (merged with the mini-page a racing write may have made), while a
+/// writer updates, inserts and removes in the same leaves and an evictor evicts.
+fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tree, mut expected) = leaves_on_disk(dir.path(), 500);
+    let changes: Vec<Change> = vec![
         (vec![b'c', 8], Some(val(&[b'c', 8], 1, 40))),
         (vec![b'c', 9], Some(val(&[b'c', 9], 1, 600))),
         (vec![b'c', 32], None),
         (vec![b'c', 41], Some(val(&[b'c', 41], 1, 80))),
     ];
-    let writer = {
-        let (tree, changes) = (tree.clone(), changes.clone());
-        thread::spawn(move || {
-            for (k, v) in &changes {
-                match v {
-                    Some(v) => tree.insert(k, v).expect("insert"),
-                    None => tree.remove(k).expect("remove"),
-                }
-            }
-        })
-    };
+    let writer = spawn_writer(&tree, &changes);
     let evictor = {
         let tree = tree.clone();
         thread::spawn(move || {
@@ -804,12 +831,7 @@ fn lookups_cache_whole_leaves_racing_writes_and_eviction() {
     writer.join().expect("writer");
     evictor.join().expect("evictor");
     reader.join().expect("reader");
-    for (k, v) in changes {
-        match v {
-            Some(v) => expected.insert(k, v),
-            None => expected.remove(&k),
-        };
-    }
+    apply(&mut expected, changes);
     check_final(&tree, &expected);
     assert!(tree.stats().leaves_cached > 0, "no lookup cached its leaf");
 }
