@@ -3,7 +3,8 @@
 
 use super::disk::Disk;
 use super::page::{self, get_u32, get_u64, put_u32, put_u64, Kind};
-use super::{PageBuf, PageNo, FIRST_DATA_PAGE, STORE_RESERVED};
+use super::paged::check_page_size;
+use super::{PageBuf, PageNo, FIRST_DATA_PAGE};
 use crate::config::{MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 use crate::error::{Error, Result};
 
@@ -223,7 +224,7 @@ pub(super) fn stored_page_size<D: Disk>(disk: &D) -> Result<Option<usize>> {
     let mut probe = [PageBuf::new(MIN_PAGE_SIZE)];
     disk.read_pages(&[0], &mut probe)?;
     let claimed = get_u32(&probe[0], 20) as usize;
-    if is_page_size(claimed) && read_slot(disk, claimed, 0)?.is_ok() {
+    if check_page_size(claimed).is_ok() && read_slot(disk, claimed, 0)?.is_ok() {
         return Ok(Some(claimed));
     }
     let mut size = MIN_PAGE_SIZE;
@@ -235,11 +236,4 @@ pub(super) fn stored_page_size<D: Disk>(disk: &D) -> Result<Option<usize>> {
         size *= 2;
     }
     Ok(None)
-}
-
-/// Whether `size` is a page size a data file can have.
-fn is_page_size(size: usize) -> bool {
-    size.is_power_of_two()
-        && (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&size)
-        && size > STORE_RESERVED
 }
