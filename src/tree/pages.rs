@@ -13,7 +13,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::pool::PageId;
-use crate::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::{
+    AtomicUsize, Mutex, MutexGuard, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use crate::wal::Lsn;
 
 /// One leaf as a checkpoint records it.
@@ -41,6 +43,12 @@ pub(crate) struct PageTracker {
     /// batched write-backs (`write_backs_beside`), which may run together but never beside
     /// a checkpoint.
     gate: RwLock<()>,
+    /// `Tracked::deferred.len()` and `Tracked::checkpointed.len()`, published under `inner`
+    /// whenever they change, for `superseded_past`: every write asks it
+    /// (`Shared::wants_checkpoint`), and taking `inner` there put two writer threads and the
+    /// evictors on one mutex per write.
+    deferred_len: AtomicUsize,
+    checkpointed_len: AtomicUsize,
 }
 
 /// `PageTracker::one_at_a_time`'s guard: what checkpoints saw of the leaves, with every
@@ -194,6 +202,7 @@ impl PageTracker {
                 .map(|&(pid, p, lsn)| (pid, (p, lsn)))
                 .collect();
             t.checkpointed = leaves.iter().map(|&(_, p, _)| p).collect();
+            tracker.publish(&t);
         }
         tracker
     }
@@ -269,6 +278,7 @@ impl PageTracker {
         let Some(old) = old else { return false };
         if t.checkpointed.contains(&old) || t.in_progress.contains(&old) {
             t.deferred.push(old);
+            self.publish(&t);
             return false;
         }
         true
@@ -280,6 +290,7 @@ impl PageTracker {
         let mut t = self.inner.lock();
         if t.checkpointed.contains(&page) || t.in_progress.contains(&page) {
             t.deferred.push(page);
+            self.publish(&t);
             return false;
         }
         true
@@ -345,9 +356,11 @@ impl PageTracker {
 
     /// Whether the superseded pages still kept for the last checkpoint reach `1/share` of
     /// the pages it references, and at least `least`: a new checkpoint would free them.
+    /// Reads counts published under the lock without taking it: a count a moment old only
+    /// moves the next checkpoint by a write (the checkpointer also polls).
     pub(crate) fn superseded_past(&self, share: usize, least: usize) -> bool {
-        let t = self.inner.lock();
-        t.deferred.len() >= least.max(t.checkpointed.len() / share)
+        let deferred = self.deferred_len.load(Ordering::Relaxed);
+        deferred >= least.max(self.checkpointed_len.load(Ordering::Relaxed) / share)
     }
 
     /// The checkpoint being written references `leaves` (low bound and page id, in key
@@ -388,7 +401,16 @@ impl PageTracker {
             .into_iter()
             .partition(|p| t.checkpointed.contains(p));
         t.deferred = keep;
+        self.publish(&t);
         free
+    }
+
+    /// Publishes the counts `superseded_past` reads; called with `inner` held after they
+    /// change, so the last store is always the current count.
+    fn publish(&self, t: &Tracked) {
+        self.deferred_len.store(t.deferred.len(), Ordering::Relaxed);
+        self.checkpointed_len
+            .store(t.checkpointed.len(), Ordering::Relaxed);
     }
 }
 
@@ -485,5 +507,18 @@ mod tests {
         }
         assert!(t.superseded_past(8, 10) && !t.superseded_past(8, 11));
         assert!(!t.superseded_past(4, 0));
+        // A leaf moved off a checkpointed page supersedes it too.
+        assert!(!t.moved(10, Some(10), 500, 1), "kept for the checkpoint");
+        assert!(t.superseded_past(8, 11) && !t.superseded_past(8, 12));
+        // A page no checkpoint references is freed at once and not counted.
+        assert!(t.moved(11, Some(600), 501, 1));
+        assert!(!t.superseded_past(8, 12));
+        // A checkpoint of 20 pages frees what it no longer references and keeps the page
+        // superseded while it ran: 1 of 20.
+        let pages: Vec<(Vec<u8>, PageId)> = (20..40u32).map(|p| (Vec::new(), p)).collect();
+        t.begin_snapshot(pages).expect("every leaf has a page");
+        assert!(!t.supersede(25), "kept for the checkpoint being written");
+        assert_eq!(t.finish_checkpoint(true).len(), 11);
+        assert!(t.superseded_past(20, 1) && !t.superseded_past(10, 1) && !t.superseded_past(20, 2));
     }
 }
