@@ -1,7 +1,7 @@
 //! Loading sorted records into a fresh file-backed tree: `Tree::bulk_load` against a loop of
 //! `insert` followed by `checkpoint`. 1M records with 16-byte keys (spread over the key
-//! space, as the other benches', then sorted) and 16-byte or 100-byte values; 4 KiB leaf
-//! pages, a 32 MiB cache, `Durability::None`, one thread.
+//! space, as the other benches', then sorted) and 16-byte or 100-byte values; the default
+//! leaf page size (8 KiB), a 32 MiB cache, `Durability::None`, one thread.
 //!
 //! - `bulk_load/bulk_load_{16,100}B`: one `bulk_load` of every record (it ends with its
 //!   own checkpoint).
@@ -66,7 +66,6 @@ fn base_dir() -> PathBuf {
 fn open(dir: &Path) -> Tree {
     Tree::open(
         Config::new(dir)
-            .page_size(4096)
             .cache_size(32 << 20)
             .durability(Durability::None),
     )
