@@ -1,14 +1,17 @@
 //! Batched lookups against the device: 2M records (16-byte keys and values) in a file-backed
-//! tree of 4 KiB leaf pages (as the device reads below) with a 4 MiB cache (the leaves are
-//! about 25 times the cache), `Durability::None`, uniform random keys, one thread.
+//! tree of the default leaf pages (8 KiB, as the device reads below) with a 4 MiB cache (the
+//! leaves are about 25 times the cache), `Durability::None`, uniform random keys, one thread.
 //!
-//! - `device`: random 4 KiB `O_DIRECT` reads of the tree's data file, timed before and after
-//!   the criterion groups and printed (reads per second), two ways: a bare `io_uring` loop that
+//! - `device`: random page-sized `O_DIRECT` reads of the tree's data file, timed before and
+//!   after the criterion groups and printed (reads per second), two ways: a bare `io_uring` loop that
 //!   submits 32 reads and waits for them, batch after batch (the store bench's "bare" loop
 //!   at depth 32: the rate `get_many` is measured against), and 32 threads reading one page
 //!   at a time each (32 reads always in flight).
 //! - `multiget/get_many`: `get_many` of 32 keys per iteration (throughput in keys).
 //! - `multiget/get`: the same 32 keys with `get`, one at a time.
+//! - `paired`: after the groups, 10 s of `get_many` calls alternated with batches of the bare
+//!   loop, one each in turn, so that both meet the device in the same state (its rate drifts
+//!   within seconds): both rates and their ratio are printed.
 //!
 //! After each group the data-page reads per key are printed (from `Stats`). Results:
 //! `docs/benchmarks.md`.
@@ -43,83 +46,111 @@ fn key(i: u64) -> [u8; 16] {
 
 fn config(dir: &Path) -> Config {
     Config::new(dir)
-        .page_size(4096)
         .cache_size(4 << 20)
         .durability(Durability::None)
 }
 
-/// A page-aligned 4 KiB buffer.
-struct Aligned(*mut u8);
+/// The tree's leaf page size (the default): what a device read below reads.
+fn page_size() -> usize {
+    Config::in_memory().get_page_size()
+}
+
+/// A page-aligned buffer of one leaf page.
+struct Aligned(*mut u8, std::alloc::Layout);
 
 impl Aligned {
-    const LAYOUT: std::alloc::Layout = match std::alloc::Layout::from_size_align(4096, 4096) {
-        Ok(l) => l,
-        Err(_) => panic!("layout"),
-    };
-
     fn new() -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(page_size(), 4096).expect("layout");
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(Self::LAYOUT) };
+        let ptr = unsafe { std::alloc::alloc(layout) };
         assert!(!ptr.is_null(), "allocation failed");
-        Aligned(ptr)
+        Aligned(ptr, layout)
     }
 
     fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: a live 4096-byte allocation owned by `self`, borrowed mutably once.
-        unsafe { std::slice::from_raw_parts_mut(self.0, 4096) }
+        // SAFETY: a live allocation of `self.1.size()` bytes owned by `self`, borrowed
+        // mutably once.
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1.size()) }
     }
 }
 
 impl Drop for Aligned {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout and not used after.
-        unsafe { std::alloc::dealloc(self.0, Self::LAYOUT) };
+        unsafe { std::alloc::dealloc(self.0, self.1) };
     }
 }
 
-/// Random 4 KiB direct reads of `file` for `secs`, `DEPTH` per `io_uring` submission, each
-/// batch waited for whole: reads per second.
-fn device_batches(file: &Path, secs: u64) -> f64 {
-    use io_uring::{opcode, types, IoUring};
-    use std::os::unix::io::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(file)
-        .expect("open the data file");
-    let pages = f.metadata().expect("metadata").len() / 4096;
-    let mut uring = IoUring::new(DEPTH as u32).expect("io_uring");
-    let mut bufs: Vec<Aligned> = (0..DEPTH).map(|_| Aligned::new()).collect();
-    let mut rng = SmallRng::seed_from_u64(5);
-    let (start, mut reads) = (Instant::now(), 0u64);
-    while start.elapsed() < Duration::from_secs(secs) {
-        for (i, buf) in bufs.iter_mut().enumerate() {
-            let offset = rng.gen_range(2..pages) * 4096;
-            let sqe = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.bytes().as_mut_ptr(), 4096)
+/// Random page-sized direct reads of a file, `DEPTH` per `io_uring` submission, each batch
+/// waited for whole.
+struct DeviceBatches {
+    file: std::fs::File,
+    pages: u64,
+    uring: io_uring::IoUring,
+    bufs: Vec<Aligned>,
+    rng: SmallRng,
+}
+
+impl DeviceBatches {
+    fn open(file: &Path) -> DeviceBatches {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(file)
+            .expect("open the data file");
+        let pages = file.metadata().expect("metadata").len() / page_size() as u64;
+        DeviceBatches {
+            file,
+            pages,
+            uring: io_uring::IoUring::new(DEPTH as u32).expect("io_uring"),
+            bufs: (0..DEPTH).map(|_| Aligned::new()).collect(),
+            rng: SmallRng::seed_from_u64(5),
+        }
+    }
+
+    /// Reads one batch of `DEPTH` pages.
+    fn batch(&mut self) {
+        use io_uring::{opcode, types};
+        use std::os::unix::io::AsRawFd;
+        let page = page_size() as u64;
+        for (i, buf) in self.bufs.iter_mut().enumerate() {
+            let offset = self.rng.gen_range(2..self.pages) * page;
+            let fd = types::Fd(self.file.as_raw_fd());
+            let sqe = opcode::Read::new(fd, buf.bytes().as_mut_ptr(), page as u32)
                 .offset(offset)
                 .build()
                 .user_data(i as u64);
             // SAFETY: the buffer outlives the read, whose completion is reaped below before
             // the buffer is touched or reused.
-            unsafe { uring.submission().push(&sqe) }.expect("queue full");
+            unsafe { self.uring.submission().push(&sqe) }.expect("queue full");
         }
-        uring.submit_and_wait(DEPTH).expect("submit");
-        for cqe in uring.completion() {
-            assert_eq!(cqe.result(), 4096, "read failed");
-            reads += 1;
+        self.uring.submit_and_wait(DEPTH).expect("submit");
+        for cqe in self.uring.completion() {
+            assert_eq!(cqe.result(), page as i32, "read failed");
         }
+    }
+}
+
+/// `DeviceBatches` for `time`: reads per second.
+fn device_batches(file: &Path, time: Duration) -> f64 {
+    let mut device = DeviceBatches::open(file);
+    let (start, mut reads) = (Instant::now(), 0u64);
+    while start.elapsed() < time {
+        device.batch();
+        reads += DEPTH as u64;
     }
     reads as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Random 4 KiB direct reads of `file` by `DEPTH` threads for `secs`: reads per second.
+/// Random page-sized direct reads of `file` by `DEPTH` threads for `secs`: reads per second.
 fn device_threads(file: &Path, secs: u64) -> f64 {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(file)
         .expect("open the data file");
-    let pages = f.metadata().expect("metadata").len() / 4096;
+    let page = page_size() as u64;
+    let pages = f.metadata().expect("metadata").len() / page;
     let (done, reads) = (AtomicBool::new(false), AtomicU64::new(0));
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -130,8 +161,8 @@ fn device_threads(file: &Path, secs: u64) -> f64 {
                 let mut rng = SmallRng::seed_from_u64(t as u64);
                 let mut n = 0u64;
                 while !done.load(Ordering::Relaxed) {
-                    let page = rng.gen_range(2..pages);
-                    f.read_exact_at(buf.bytes(), page * 4096).expect("read");
+                    let at = rng.gen_range(2..pages) * page;
+                    f.read_exact_at(buf.bytes(), at).expect("read");
                     n += 1;
                 }
                 reads.fetch_add(n, Ordering::Relaxed);
@@ -153,7 +184,10 @@ fn multiget(c: &mut Criterion) {
         tree.close().expect("close");
     }
     let data = dir.path().join("data");
-    let before = (device_batches(&data, 3), device_threads(&data, 3));
+    let before = (
+        device_batches(&data, Duration::from_secs(3)),
+        device_threads(&data, 3),
+    );
     let tree = Tree::open(config(dir.path())).expect("reopen");
     let mut g = c.benchmark_group("multiget");
     g.sample_size(20)
@@ -190,12 +224,53 @@ fn multiget(c: &mut Criterion) {
         );
     }
     g.finish();
+    paired(
+        &tree,
+        &data,
+        &mut || batch(&mut rng),
+        Duration::from_secs(10),
+    );
     drop(tree);
-    let after = (device_batches(&data, 3), device_threads(&data, 3));
+    let after = (
+        device_batches(&data, Duration::from_secs(3)),
+        device_threads(&data, 3),
+    );
     eprintln!(
-        "device: random 4 KiB O_DIRECT reads, io_uring batches of {DEPTH}: {:.0}/s before, \
+        "device: random {} KiB O_DIRECT reads, io_uring batches of {DEPTH}: {:.0}/s before, \
          {:.0}/s after; {DEPTH} threads: {:.0}/s before, {:.0}/s after",
-        before.0, after.0, before.1, after.1
+        page_size() >> 10,
+        before.0,
+        after.0,
+        before.1,
+        after.1
+    );
+}
+
+/// `get_many` of `KEYS_PER_CALL` keys against one device batch of `DEPTH` reads, alternated
+/// call by call for `time` (the device's rate drifts within seconds; alternating this finely,
+/// both see the same device): prints both rates and their ratio.
+fn paired(tree: &Tree, data: &Path, batch: &mut dyn FnMut() -> Vec<[u8; 16]>, time: Duration) {
+    let mut device = DeviceBatches::open(data);
+    let (mut in_device, mut in_tree) = (Duration::ZERO, Duration::ZERO);
+    let (start, mut rounds) = (Instant::now(), 0u64);
+    while start.elapsed() < time {
+        let at = Instant::now();
+        device.batch();
+        let between = Instant::now();
+        let keys = batch();
+        for r in tree.get_many(&keys) {
+            assert!(r.expect("get_many").is_some());
+        }
+        in_tree += between.elapsed();
+        in_device += between - at;
+        rounds += 1;
+    }
+    let device_rate = (rounds * DEPTH as u64) as f64 / in_device.as_secs_f64();
+    let tree_rate = (rounds * KEYS_PER_CALL as u64) as f64 / in_tree.as_secs_f64();
+    eprintln!(
+        "paired, {rounds} alternated calls: get_many {tree_rate:.0} keys/s, device batches of \
+         {DEPTH} {device_rate:.0} reads/s, ratio {:.3}",
+        tree_rate / device_rate
     );
 }
 

@@ -105,6 +105,47 @@ fn get_many_equals_get_key_by_key() {
 }
 
 #[test]
+fn trees_of_different_page_sizes_on_one_thread_each_read_their_batch() {
+    // `get_many` keeps its page buffers for the thread's next batch: a tree of another page
+    // size must not read into them (the batch would fail, and every key be looked up again
+    // on its own: a second cache miss each).
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
+    let config = |dir: &tempfile::TempDir, page: usize| {
+        Config::new(dir.path())
+            .page_size(page)
+            .cache_size(1 << 20)
+            .durability(Durability::None)
+    };
+    let sizes = [16384, 4096, 8192];
+    for (dir, page) in dirs.iter().zip(sizes) {
+        let tree = Tree::open(config(dir, page)).expect("open");
+        for i in 0..40_000u32 {
+            tree.insert(key(i), i.to_be_bytes()).expect("insert");
+        }
+        tree.close().expect("close");
+    }
+    for round in 0..2 {
+        for (dir, page) in dirs.iter().zip(sizes) {
+            let tree = Tree::open(config(dir, page)).expect("reopen");
+            let keys: Vec<Vec<u8>> = (0..20u32).map(|j| key(j * 1_999 + round)).collect();
+            let (reads, misses_before) = (tree.stats().pages_read, tree.stats().cache_misses);
+            for (j, got) in (0..20u32).zip(tree.get_many(&keys)) {
+                let i = j * 1_999 + round;
+                assert_eq!(got.expect("get_many"), Some(i.to_be_bytes().to_vec()));
+            }
+            let read = tree.stats().pages_read - reads;
+            let missed = tree.stats().cache_misses - misses_before;
+            assert!(
+                (1..=20).contains(&read) && missed == 20,
+                "{read} pages read and {missed} misses for 20 cold keys, {page}-byte pages"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_keyspace_gets_many_and_a_dropped_one_answers_errors() {
     let tree = Tree::open(Config::in_memory()).expect("open");
     let ks = tree.keyspace("ks").expect("keyspace");

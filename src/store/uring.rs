@@ -24,6 +24,9 @@ use io_uring::{opcode, squeue, types, IoUring};
 /// completion queue is twice as large, so it never overflows).
 const RING_ENTRIES: u32 = 256;
 
+/// Completions a read batch waits for at a time once all its requests are in flight.
+const READ_WAKE: usize = 8;
+
 /// Requests' worth of scratch space a ring keeps between batches.
 const SCRATCH_KEPT: usize = 4096;
 
@@ -245,10 +248,16 @@ unsafe fn drive<E>(
         if inflight == 0 {
             break;
         }
-        // With requests left to submit, wait for one completion to refill its slot; once
-        // everything is queued, sleep once for the whole last wave.
+        // With requests left to submit, wait for one completion to refill its slot. Once
+        // everything is queued, a write batch sleeps once for the whole last wave; a read
+        // batch wakes for every `READ_WAKE` completions, so that the checks of the pages
+        // already read run while the rest are still in flight, not all after the last.
         let all_queued = next == n && r.retry.is_empty();
-        let want = if all_queued { inflight } else { 1 };
+        let want = match dir {
+            _ if !all_queued => 1,
+            Dir::Read => inflight.min(READ_WAKE),
+            Dir::Write => inflight,
+        };
         match submit_and_wait(r, want) {
             Ok(_) => hard_failures = 0,
             Err(e) if e.raw_os_error().is_some_and(transient) => {}

@@ -8,7 +8,10 @@
 //! from the page read, but only if the cache still does not decide the key and the token is
 //! unchanged (so the page read is still the leaf's). Otherwise, and for a batch that fails,
 //! the key is looked up on its own, so each key gets exactly the answer or error a `get`
-//! would. Nothing is cached from the batch (no promotion).
+//! would. Nothing is cached from the batch (no promotion). The page buffers are kept for the
+//! thread's next batch (up to `BATCH` of them), so a batch neither allocates nor zeroes them.
+
+use std::cell::RefCell;
 
 use super::checkpoint::BATCH;
 use super::inner::Seek;
@@ -20,6 +23,11 @@ use crate::node::{NodeKind, NodeRef, RecordKind};
 use crate::pool::{Location, PageId, ReadGuard};
 use crate::store::PageBuf;
 use crate::sync;
+
+thread_local! {
+    /// Page buffers of this thread's last batch, reused by the next.
+    static BUFS: RefCell<Vec<PageBuf>> = const { RefCell::new(Vec::new()) };
+}
 
 /// What a look at a key's leaf found.
 enum Probe {
@@ -72,12 +80,18 @@ impl Shared {
                 }),
             }
         }
-        let mut bufs: Vec<PageBuf> = Vec::new();
+        if misses.is_empty() {
+            return self.finish(space, keys, out);
+        }
+        let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        bufs.retain(|b| b.len() == self.page_size());
         for chunk in misses.chunks(BATCH) {
             let mut pages: Vec<u64> = chunk.iter().map(|m| m.page).collect();
             pages.sort_unstable();
             pages.dedup();
-            bufs.resize_with(pages.len(), || PageBuf::new(self.page_size()));
+            if bufs.len() < pages.len() {
+                bufs.resize_with(pages.len(), || PageBuf::new(self.page_size()));
+            }
             let read = match self.storage().store() {
                 Some(store) => store.read_batch(&pages, &mut bufs[..pages.len()]).is_ok(),
                 None => false,
@@ -91,6 +105,19 @@ impl Shared {
                 out[m.at] = Some(answer.unwrap_or_else(|| self.get(&m.key)));
             }
         }
+        bufs.truncate(BATCH);
+        BUFS.with(|b| *b.borrow_mut() = bufs);
+        self.finish(space, keys, out)
+    }
+
+    /// The answers of [`Shared::get_many_in`], each checked against the log and with a
+    /// value stored out of line read.
+    fn finish<K: AsRef<[u8]>>(
+        &self,
+        space: &Space,
+        keys: &[K],
+        out: Vec<Option<Result<Option<Vec<u8>>>>>,
+    ) -> Vec<Result<Option<Vec<u8>>>> {
         // After the log failed the leaves may hold refused writes (`Journal::check`).
         out.into_iter()
             .zip(keys)
