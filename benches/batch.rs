@@ -8,7 +8,7 @@
 //!   fsync per commit, where single writes pay one fsync (shared by concurrent writers)
 //!   each.
 //!
-//! Keys are uniform over the loaded ones, 16-byte values, 4 KiB leaf pages. Results:
+//! Keys are uniform over the loaded ones, 16-byte values, the default 8 KiB leaf pages. Results:
 //! `docs/benchmarks.md`.
 //!
 //! ```sh
@@ -74,13 +74,12 @@ fn group(c: &mut Criterion, name: &str, tree: &Tree) {
 }
 
 fn batches(c: &mut Criterion) {
-    let mem = loaded(Config::in_memory().page_size(4096).cache_size(256 << 20));
+    let mem = loaded(Config::in_memory().cache_size(256 << 20));
     group(c, "mem", &mem);
     drop(mem);
     let dir = tempfile::tempdir().expect("tempdir");
     let on_disk = |durability| {
         Config::new(dir.path())
-            .page_size(4096)
             .cache_size(64 << 20)
             .durability(durability)
     };
