@@ -282,9 +282,9 @@ fn recovery_child(dir: &Path, ops: u64) -> ! {
     std::process::exit(0)
 }
 
-/// Every case's tree: 4 KiB leaf pages, as `docs/benchmarks.md` reports them.
+/// Every case's tree: the default configuration (8 KiB leaf pages) in `dir`.
 fn base(dir: &Path) -> Config {
-    Config::new(dir).page_size(4096)
+    Config::new(dir)
 }
 
 fn recovery_config(dir: &Path) -> Config {
