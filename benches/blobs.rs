@@ -9,7 +9,7 @@
 //!   The better of qd4 and qd1 is the device's write bandwidth.
 //! - `blobs/write_{1,16}MiB_{none,sync}`: `insert` of 256 values of 1 MiB / 16 values of
 //!   16 MiB (256 MiB per iteration, the same keys overwritten each iteration) under
-//!   `Durability::None` and `Durability::Sync`, one thread, 4 KiB leaf pages.
+//!   `Durability::None` and `Durability::Sync`, one thread, the default 8 KiB leaf pages.
 //! - `blobs/read_{1,16}MiB`: `get` of those values (the `None` trees), after `close` and
 //!   reopen; the blob file is `O_DIRECT`, and its cached pages (there should be none) are
 //!   dropped before every pass too, so the page cache never serves them. Each iteration
@@ -346,7 +346,6 @@ impl Store {
 
     fn tree(&mut self) -> &Tree {
         let config = Config::new(&self.dir)
-            .page_size(4096)
             .durability(self.durability)
             .cache_size(64 << 20);
         self.tree

@@ -12,9 +12,9 @@
 //!   `/proc/self/io`) are printed after each benchmark.
 //!
 //! Records: 1,000,000 per dataset (`BFKV_BENCH_N`), 16-byte keys, 16-byte values (`v16`) or
-//! 100-byte values (`v100`), 4 KiB leaf pages. Everything else is the shared runner of
-//! `bench/workload`, the one `benches/ycsb.rs` and the examples use: every value read is
-//! checked.
+//! 100-byte values (`v100`), the default 8 KiB leaf pages. Everything else is the shared
+//! runner of `bench/workload`, the one `benches/ycsb.rs` and the examples use: every value
+//! read is checked.
 //!
 //! **Load** (`load/1t`, `load/2t`; disk groups only the first of `BFKV_BENCH_THREADS`, as a
 //! disk load takes seconds; throughput in records per second): one criterion iteration
@@ -119,12 +119,13 @@ impl Dataset {
     }
 
     /// Cache bytes: room to spare in memory, a tenth of the raw records on disk (rounded up
-    /// to whole 4 KiB pages, at least the 16 pages a tree needs).
+    /// to whole leaf pages of the default size, at least the 16 pages a tree needs).
     fn cache(&self) -> usize {
         let raw = self.records as usize * (KEY_LEN + self.value_len);
+        let page = Config::in_memory().get_page_size();
         match self.regime {
             Regime::Memory => (raw * 8).max(256 << 20),
-            Regime::Disk10x => (raw / 10).next_multiple_of(4096).max(64 << 10),
+            Regime::Disk10x => (raw / 10).next_multiple_of(page).max(16 * page),
         }
     }
 
@@ -133,7 +134,6 @@ impl Dataset {
         match self.regime {
             Regime::Memory => {
                 let config = Config::in_memory()
-                    .page_size(4096)
                     .cache_size(self.cache())
                     .durability(Durability::None);
                 Ok((Bfkv(Tree::open(config)?), None))
@@ -144,7 +144,6 @@ impl Dataset {
                     None => tempfile::tempdir()?,
                 };
                 let config = Config::new(dir.path())
-                    .page_size(4096)
                     .cache_size(self.cache())
                     .durability(Durability::None);
                 Ok((Bfkv(Tree::open(config)?), Some(dir)))
