@@ -67,7 +67,7 @@ use criterion::{
 use tempfile::TempDir;
 
 /// Records per dataset unless `BFKV_BENCH_N` says otherwise: with it the default suite
-/// fits in about 8 minutes on the 2-core development machine.
+/// fits in 5-8 minutes on the 2-core development machine.
 const DEFAULT_RECORDS: u64 = 1_000_000;
 
 /// The workloads after the load, reads first so the pure-read numbers see the loaded tree.
