@@ -213,7 +213,8 @@ impl Tree {
     /// keys the cache answers are answered at once; the leaf pages the others need are read
     /// together, up to 32 at a time, so the device works on many reads at once instead of
     /// one (a lookup of many cold keys is limited by the device's throughput, not by its
-    /// latency). Nothing read here is cached.
+    /// latency). Nothing read here is cached; the calling thread keeps the page buffers of
+    /// its last read (up to 32 pages) for its next call.
     ///
     /// Each key has its own result: one key's error (too long a key, a damaged leaf) does
     /// not fail the others.
