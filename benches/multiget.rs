@@ -91,14 +91,20 @@ struct DeviceBatches {
     rng: SmallRng,
 }
 
+/// `file` opened for direct reads, and how many leaf pages it holds.
+fn open_direct(file: &Path) -> (std::fs::File, u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+        .expect("open the data file");
+    let pages = file.metadata().expect("metadata").len() / page_size() as u64;
+    (file, pages)
+}
+
 impl DeviceBatches {
     fn open(file: &Path) -> DeviceBatches {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(file)
-            .expect("open the data file");
-        let pages = file.metadata().expect("metadata").len() / page_size() as u64;
+        let (file, pages) = open_direct(file);
         DeviceBatches {
             file,
             pages,
@@ -142,15 +148,10 @@ fn device_batches(file: &Path, time: Duration) -> f64 {
     reads as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Random page-sized direct reads of `file` by `DEPTH` threads for `secs`: reads per second.
-fn device_threads(file: &Path, secs: u64) -> f64 {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(file)
-        .expect("open the data file");
+/// Random page-sized direct reads of `file` by `DEPTH` threads for `time`: reads per second.
+fn device_threads(file: &Path, time: Duration) -> f64 {
+    let (f, pages) = open_direct(file);
     let page = page_size() as u64;
-    let pages = f.metadata().expect("metadata").len() / page;
     let (done, reads) = (AtomicBool::new(false), AtomicU64::new(0));
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -168,7 +169,7 @@ fn device_threads(file: &Path, secs: u64) -> f64 {
                 reads.fetch_add(n, Ordering::Relaxed);
             });
         }
-        std::thread::sleep(Duration::from_secs(secs));
+        std::thread::sleep(time);
         done.store(true, Ordering::Relaxed);
     });
     reads.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
@@ -186,7 +187,7 @@ fn multiget(c: &mut Criterion) {
     let data = dir.path().join("data");
     let before = (
         device_batches(&data, Duration::from_secs(3)),
-        device_threads(&data, 3),
+        device_threads(&data, Duration::from_secs(3)),
     );
     let tree = Tree::open(config(dir.path())).expect("reopen");
     let mut g = c.benchmark_group("multiget");
@@ -233,7 +234,7 @@ fn multiget(c: &mut Criterion) {
     drop(tree);
     let after = (
         device_batches(&data, Duration::from_secs(3)),
-        device_threads(&data, 3),
+        device_threads(&data, Duration::from_secs(3)),
     );
     eprintln!(
         "device: random {} KiB O_DIRECT reads, io_uring batches of {DEPTH}: {:.0}/s before, \
