@@ -23,13 +23,13 @@ pub(crate) const BLOB_BLOCK: u64 = 4096;
 /// [`BLOB_BLOCK`] as a buffer length.
 const BLOCK: usize = BLOB_BLOCK as usize;
 
-/// Writes from this length on are cut into chunks moved by several threads: one request
-/// of this size already keeps a device busy long enough that a few more in flight pay off.
-const PARALLEL_MIN: usize = 512 << 10;
-
-/// The smallest chunk of a parallel write: smaller ones would cost more in system calls
-/// and thread hand-offs than the overlap gains.
-const CHUNK_MIN: usize = 128 << 10;
+/// Writes from this length on are cut into chunks moved by several threads; a write up to
+/// one buffer's length ([`CHUNK_MAX`]) is one request on the calling thread. On the virtual
+/// disk here (2-3 GiB/s), a 1 MiB value written as one request was faster than as four
+/// 256 KiB chunks on four threads, most clearly under `Sync`: the chunks' threads are
+/// started for each value and wait to be scheduled, and the write is done when its slowest
+/// chunk is. From 16 MiB on, chunks in flight together pay off (see docs/benchmarks.md).
+const PARALLEL_MIN: usize = CHUNK_MAX + 1;
 
 /// Reads are cut later and coarser than writes: a read up to one buffer's length
 /// ([`CHUNK_MAX`]) is one request on the calling thread. On the virtual disk here a 1 MiB
@@ -151,7 +151,7 @@ impl BlobFile {
         let chunk = if data.len() < PARALLEL_MIN {
             round_up(data.len())
         } else {
-            chunk_len(data.len(), CHUNK_MIN)
+            chunk_len(data.len(), BLOCK)
         };
         let pieces: Vec<(u64, &[u8])> = data
             .chunks(chunk)

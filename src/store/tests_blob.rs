@@ -103,6 +103,7 @@ fn round_trips_at_every_size() {
         128 * KIB + 1,
         512 * KIB - 1,
         512 * KIB,
+        MIB,
         MIB + 3,
         16 * MIB,
     ];
