@@ -28,7 +28,7 @@ const BLOCK: usize = BLOB_BLOCK as usize;
 /// disk here (2-3 GiB/s), a 1 MiB value written as one request was faster than as four
 /// 256 KiB chunks on four threads, most clearly under `Sync`: the chunks' threads are
 /// started for each value and wait to be scheduled, and the write is done when its slowest
-/// chunk is. From 16 MiB on, chunks in flight together pay off (see docs/benchmarks.md).
+/// chunk is. A longer value needs several buffers anyway, and its chunks go out together.
 const PARALLEL_MIN: usize = CHUNK_MAX + 1;
 
 /// Reads are cut later and coarser than writes: a read up to one buffer's length
