@@ -1,8 +1,10 @@
 //! `get_many` answers exactly what `get` answers, key by key: from the cache, from leaf pages
 //! read together, with pending merges, damaged input and dropped keyspaces; and under
-//! concurrent writes it never returns a value that was never written.
+//! concurrent writes it never returns a value that was never written, nor one older than a
+//! write that returned before the call.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use bfkv::{Config, Durability, Error, Tree};
 use rand::rngs::StdRng;
@@ -161,6 +163,8 @@ fn a_keyspace_gets_many_and_a_dropped_one_answers_errors() {
         .all(|g| matches!(g, Err(Error::KeyspaceDropped { .. }))));
 }
 
+/// Every answer is a value written to its key, and none older than the last write to it
+/// that returned before the call began.
 #[test]
 fn concurrent_writers_never_show_get_many_a_value_not_written() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -175,13 +179,16 @@ fn concurrent_writers_never_show_get_many_a_value_not_written() {
     for i in 0..n {
         tree.insert(key(i), value(i, 0)).expect("insert");
     }
+    // The newest version of each key whose insert has returned.
+    let done: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
     std::thread::scope(|s| {
-        let tree = &tree;
+        let (tree, done) = (&tree, &done);
         s.spawn(move || {
             let mut rng = StdRng::seed_from_u64(1);
             for v in 1..40_000u32 {
                 let i = rng.gen_range(0..n);
                 tree.insert(key(i), value(i, v)).expect("insert");
+                done[i as usize].store(v, Ordering::Release);
             }
         });
         s.spawn(move || {
@@ -189,7 +196,11 @@ fn concurrent_writers_never_show_get_many_a_value_not_written() {
             for _ in 0..2_000 {
                 let ids: Vec<u32> = (0..32).map(|_| rng.gen_range(0..n)).collect();
                 let keys: Vec<Vec<u8>> = ids.iter().map(|&i| key(i)).collect();
-                for (&i, got) in ids.iter().zip(tree.get_many(&keys)) {
+                let floors: Vec<u32> = ids
+                    .iter()
+                    .map(|&i| done[i as usize].load(Ordering::Acquire))
+                    .collect();
+                for ((&i, floor), got) in ids.iter().zip(floors).zip(tree.get_many(&keys)) {
                     let got = got.expect("get_many").expect("every key is present");
                     let text = String::from_utf8(got).expect("utf8");
                     let mut parts = text.splitn(3, ':');
@@ -197,6 +208,10 @@ fn concurrent_writers_never_show_get_many_a_value_not_written() {
                     assert_eq!(id, Some(i.to_string().as_str()), "another key's value");
                     let version: u32 = version.and_then(|v| v.parse().ok()).expect("version");
                     assert_eq!(text, String::from_utf8(value(i, version)).expect("utf8"));
+                    assert!(
+                        version >= floor,
+                        "key {i}: version {version}, older than {floor}, written before the call"
+                    );
                 }
             }
         });

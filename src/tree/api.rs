@@ -217,7 +217,9 @@ impl Tree {
     /// its last read (up to 32 pages) for its next call.
     ///
     /// Each key has its own result: one key's error (too long a key, a damaged leaf) does
-    /// not fail the others.
+    /// not fail the others. Each answer is its key's value at some moment during the call,
+    /// and the keys are not read at one moment together: under concurrent writes, two keys
+    /// may show writes from different moments.
     ///
     /// ```
     /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;

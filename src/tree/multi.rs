@@ -2,19 +2,22 @@
 //! leaf pages the rest need are read together with one `read_batch` (up to `BATCH` pages in
 //! flight), instead of one read at a time.
 //!
-//! A key's leaf is looked at twice, each time under its read lock: first to answer from the
-//! cache or to note the leaf's disk page and write token (`PageTracker::write_token`, changed
-//! by every write-back, split and removal of the leaf); then, after the batch read, to answer
-//! from the page read, but only if the cache still does not decide the key and the token is
-//! unchanged (so the page read is still the leaf's). Otherwise, and for a batch that fails,
-//! the key is looked up on its own, so each key gets exactly the answer or error a `get`
-//! would. Nothing is cached from the batch (no promotion). The page buffers are kept for the
+//! A key's leaf is looked at once, under its read lock, to answer from the cache or to note
+//! the leaf's bounds, disk page and write token (`PageTracker::write_token`). After the batch
+//! read the key is answered from that page if the token is still the same, with no second
+//! look at the leaf: the token changes with every write-back, split and removal of the leaf,
+//! before its old page is freed, so an unchanged token means the page was the leaf's all
+//! along and was never rewritten. The page then holds what the leaf held for the key when it
+//! was looked at (its cache did not decide the key), a state within the call, as a `get`
+//! running then would have answered. Otherwise, and for a batch that fails, the key is
+//! looked up on its own, so each key gets exactly the answer or error a `get` would.
+//! Nothing is cached from the batch (no promotion). The page buffers are kept for the
 //! thread's next batch (up to `BATCH` of them), so a batch neither allocates nor zeroes them.
 
 use std::cell::RefCell;
 
 use super::checkpoint::BATCH;
-use super::inner::Seek;
+use super::inner::{Bounds, Seek};
 use super::keyspace::Space;
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, NO_PAGE};
@@ -34,8 +37,13 @@ enum Probe {
     /// The cache decides the key.
     Answer(Result<Option<Vec<u8>>>),
     /// The key is decided by leaf `pid`'s disk page `page`, read while its write token was
-    /// `token`.
-    Disk { pid: PageId, page: u64, token: u64 },
+    /// `token` and its bounds were `bounds`.
+    Disk {
+        pid: PageId,
+        page: u64,
+        token: u64,
+        bounds: Bounds,
+    },
     /// Looked up on its own (pending merge operands to fold).
     Alone,
 }
@@ -49,6 +57,7 @@ struct Miss {
     pid: PageId,
     page: u64,
     token: u64,
+    bounds: Bounds,
 }
 
 impl Shared {
@@ -71,12 +80,18 @@ impl Shared {
             match self.probe(&stored) {
                 Probe::Answer(answer) => out[at] = Some(answer),
                 Probe::Alone => out[at] = Some(self.get(&stored)),
-                Probe::Disk { pid, page, token } => misses.push(Miss {
+                Probe::Disk {
+                    pid,
+                    page,
+                    token,
+                    bounds,
+                } => misses.push(Miss {
                     at,
                     key: stored.to_vec(),
                     pid,
                     page,
                     token,
+                    bounds,
                 }),
             }
         }
@@ -134,7 +149,7 @@ impl Shared {
     /// Looks at the leaf of stored key `key` (see the module docs).
     fn probe(&self, key: &[u8]) -> Probe {
         let guard = sync::pin();
-        let (_, page) = self.index().read_leaf(self.pool(), &guard, Seek::Key(key));
+        let (path, page) = self.index().read_leaf(self.pool(), &guard, Seek::Key(key));
         match cached(&page, key) {
             Cached::Decided(answer) => {
                 self.counters().count(Event::CacheHit);
@@ -145,6 +160,7 @@ impl Shared {
                     pid: page.page_id(),
                     page: disk,
                     token: self.storage().pages().write_token(page.page_id()),
+                    bounds: path.bounds(),
                 },
                 None => Probe::Answer(Ok(None)),
             },
@@ -152,28 +168,18 @@ impl Shared {
         }
     }
 
-    /// The answer leaf `m.pid`'s page `buf` (read after the first look) gives for `m`, if
-    /// the leaf still reads that page and its cache still does not decide the key; `None`
-    /// if the key must be looked up again.
+    /// The answer leaf `m.pid`'s page `buf` (read after the look at the leaf) gives for
+    /// `m`, if the leaf's write token is unchanged (see the module docs); `None` if the key
+    /// must be looked up again.
     fn answer_from(&self, m: &Miss, buf: &PageBuf) -> Option<Result<Option<Vec<u8>>>> {
-        let guard = sync::pin();
-        let (path, page) = self
-            .index()
-            .read_leaf(self.pool(), &guard, Seek::Key(&m.key));
-        if page.page_id() != m.pid {
+        if self.storage().pages().write_token(m.pid) != m.token {
             return None;
         }
-        match cached(&page, &m.key) {
-            Cached::Decided(answer) => return Some(Ok(answer)),
-            Cached::OnDisk => {}
-            Cached::Pending => return None,
-        }
-        if leaf_disk_page(&page) != Some(m.page)
-            || self.storage().pages().write_token(m.pid) != m.token
+        let (low, high) = &m.bounds;
+        let leaf = match self
+            .storage()
+            .check_leaf_in(m.page, buf, low.as_deref(), high.as_deref())
         {
-            return None;
-        }
-        let leaf = match self.check_leaf_of(&path, m.page, buf) {
             Ok(leaf) => leaf,
             Err(e) => return Some(Err(e)),
         };
