@@ -36,16 +36,19 @@ thread_local! {
 enum Probe {
     /// The cache decides the key.
     Answer(Result<Option<Vec<u8>>>),
-    /// The key is decided by leaf `pid`'s disk page `page`, read while its write token was
-    /// `token` and its bounds were `bounds`.
-    Disk {
-        pid: PageId,
-        page: u64,
-        token: u64,
-        bounds: Bounds,
-    },
+    /// The key is decided by the leaf's disk page.
+    Disk(Noted),
     /// Looked up on its own (pending merge operands to fold).
     Alone,
+}
+
+/// What the look at a key's leaf noted: leaf `pid`'s disk page `page`, read while its
+/// write token was `token` and its bounds were `bounds`.
+struct Noted {
+    pid: PageId,
+    page: u64,
+    token: u64,
+    bounds: Bounds,
 }
 
 /// A key waiting for its leaf's page.
@@ -54,10 +57,7 @@ struct Miss {
     at: usize,
     /// The stored key.
     key: Vec<u8>,
-    pid: PageId,
-    page: u64,
-    token: u64,
-    bounds: Bounds,
+    leaf: Noted,
 }
 
 impl Shared {
@@ -80,18 +80,10 @@ impl Shared {
             match self.probe(&stored) {
                 Probe::Answer(answer) => out[at] = Some(answer),
                 Probe::Alone => out[at] = Some(self.get(&stored)),
-                Probe::Disk {
-                    pid,
-                    page,
-                    token,
-                    bounds,
-                } => misses.push(Miss {
+                Probe::Disk(leaf) => misses.push(Miss {
                     at,
                     key: stored.to_vec(),
-                    pid,
-                    page,
-                    token,
-                    bounds,
+                    leaf,
                 }),
             }
         }
@@ -101,7 +93,7 @@ impl Shared {
         let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
         bufs.retain(|b| b.len() == self.page_size());
         for chunk in misses.chunks(BATCH) {
-            let mut pages: Vec<u64> = chunk.iter().map(|m| m.page).collect();
+            let mut pages: Vec<u64> = chunk.iter().map(|m| m.leaf.page).collect();
             pages.sort_unstable();
             pages.dedup();
             if bufs.len() < pages.len() {
@@ -113,7 +105,7 @@ impl Shared {
             };
             for m in chunk {
                 self.counters().count(Event::CacheMiss);
-                let answer = match pages.binary_search(&m.page) {
+                let answer = match pages.binary_search(&m.leaf.page) {
                     Ok(i) if read => self.answer_from(m, &bufs[i]),
                     _ => None,
                 };
@@ -156,29 +148,34 @@ impl Shared {
                 Probe::Answer(Ok(answer))
             }
             Cached::OnDisk => match leaf_disk_page(&page) {
-                Some(disk) => Probe::Disk {
+                Some(disk) => Probe::Disk(Noted {
                     pid: page.page_id(),
                     page: disk,
                     token: self.storage().pages().write_token(page.page_id()),
                     bounds: path.bounds(),
-                },
+                }),
                 None => Probe::Answer(Ok(None)),
             },
             Cached::Pending => Probe::Alone,
         }
     }
 
-    /// The answer leaf `m.pid`'s page `buf` (read after the look at the leaf) gives for
-    /// `m`, if the leaf's write token is unchanged (see the module docs); `None` if the key
-    /// must be looked up again.
+    /// The answer the leaf's page `buf` (read after the look at the leaf) gives for `m`, if
+    /// the leaf's write token is unchanged (see the module docs); `None` if the key must be
+    /// looked up again.
     fn answer_from(&self, m: &Miss, buf: &PageBuf) -> Option<Result<Option<Vec<u8>>>> {
-        if self.storage().pages().write_token(m.pid) != m.token {
+        let Noted {
+            pid,
+            page,
+            token,
+            bounds: (low, high),
+        } = &m.leaf;
+        if self.storage().pages().write_token(*pid) != *token {
             return None;
         }
-        let (low, high) = &m.bounds;
         let leaf = match self
             .storage()
-            .check_leaf_in(m.page, buf, low.as_deref(), high.as_deref())
+            .check_leaf_in(*page, buf, low.as_deref(), high.as_deref())
         {
             Ok(leaf) => leaf,
             Err(e) => return Some(Err(e)),
@@ -186,7 +183,7 @@ impl Shared {
         Some(match leaf.get(&m.key) {
             Some((_, kind, v)) => Ok(kind.exists().then(|| v.to_vec())),
             None if leaf.flags() & FLAG_DAMAGED != 0 => Err(self.storage().corruption(
-                Some(m.page),
+                Some(*page),
                 "the key is in a damaged leaf that may have lost it",
             )),
             None => Ok(None),
