@@ -124,6 +124,15 @@ impl Ring {
         unsafe { &*(self.base.as_ptr().add(phys as usize) as *const RawAtomicU64) }
     }
 
+    /// Starts loading the cache lines of bytes `phys..phys + len` (clamped to the mapping):
+    /// a hint, which reads nothing the program observes.
+    pub(super) fn prefetch(&self, phys: u64, len: u64) {
+        let end = phys.saturating_add(len).min(self.size);
+        for at in (phys..end).step_by(64) {
+            crate::node::prefetch(self.base.as_ptr().wrapping_add(at as usize));
+        }
+    }
+
     /// Pointer to the payload of the block at `phys`. Dereferencing it is governed by the
     /// block's state: only the holder (token, page guard, free-list shard lock) may.
     pub(super) fn payload(&self, phys: u64) -> *mut u8 {

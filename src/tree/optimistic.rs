@@ -1,6 +1,8 @@
 //! Reads that take no leaf lock (paper §4.1), with the pool's optimistic read
 //! (`pool/optimistic.rs`): a lookup searches the leaf's mini-page in place through
-//! `RacyNode` (`node/racy.rs`, which touches what a locked search would); a scan refilling
+//! `RacyNode` (`node/racy.rs`, which touches what a locked search would), having requested
+//! every line of its metas at once (a binary search's steps then find them in cache rather
+//! than each waiting on memory in turn); a scan refilling
 //! its buffer copies the node's used bytes in two bulk copies and, once the copy validated,
 //! reads a full-page mirror's records from it in place (`Copied::adopt`). Both then
 //! validate against the leaf's version, and keep the answer only if it held still and the
@@ -106,6 +108,7 @@ impl Shared {
             let Some(node) = racy(&read) else {
                 continue;
             };
+            node.prefetch_metas();
             // What `get_in_leaf` would answer from this node (`None` where it would read the
             // page from disk), and the record it found.
             let answer = match node.search(key) {
