@@ -13,7 +13,10 @@
 //!   loop, one each in turn, so that both meet the device in the same state (its rate drifts
 //!   within seconds): both rates and their ratio are printed.
 //!
-//! After each group the data-page reads per key are printed (from `Stats`). Results:
+//! - `multiget_memory/get_many` and `multiget_memory/get`: the same calls against the same
+//!   records in a tree held in memory (`Config::in_memory`, 256 MiB cache).
+//!
+//! After each device group the data-page reads per key are printed (from `Stats`). Results:
 //! `docs/benchmarks.md`.
 //!
 //! ```sh
@@ -275,5 +278,38 @@ fn paired(tree: &Tree, data: &Path, batch: &mut dyn FnMut() -> Vec<[u8; 16]>, ti
     );
 }
 
-criterion_group!(benches, multiget);
+/// The same calls against the same records in memory (`Config::in_memory`, a cache that
+/// holds them all): what batching buys when no key needs the device.
+fn in_memory(c: &mut Criterion) {
+    let tree = Tree::open(Config::in_memory().cache_size(256 << 20)).expect("open");
+    for i in 0..RECORDS {
+        tree.insert(key(i), [7u8; 16]).expect("load");
+    }
+    let mut g = c.benchmark_group("multiget_memory");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(KEYS_PER_CALL as u64));
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut keys = vec![[0u8; 16]; KEYS_PER_CALL];
+    g.bench_function("get_many", |b| {
+        b.iter(|| {
+            keys.fill_with(|| key(rng.gen_range(0..RECORDS)));
+            for r in tree.get_many(&keys) {
+                assert!(r.expect("get_many").is_some());
+            }
+        });
+    });
+    g.bench_function("get", |b| {
+        b.iter(|| {
+            keys.fill_with(|| key(rng.gen_range(0..RECORDS)));
+            for k in &keys {
+                assert!(tree.get(k).expect("get").is_some());
+            }
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, multiget, in_memory);
 criterion_main!(benches);

@@ -215,6 +215,30 @@ impl<L: Words> RacyNode<L> {
         }
     }
 
+    /// Starts loading the lines a search for `key` would compare bytes on: the prefix's,
+    /// and the first record's whose look-ahead bytes are not below the key's. A hint for a
+    /// batch of searches, so that their last misses overlap; it reads only the header and
+    /// the metas, and decides nothing.
+    pub(crate) fn prefetch_search(&self, key: &[u8]) {
+        self.load.prefetch(self.prefix_at);
+        let Some(suffix) = key.get(self.prefix_len..) else {
+            return;
+        };
+        let la = lookahead(suffix);
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.meta(mid + FENCES).lookahead() < la {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo < self.len {
+            self.load.prefetch(self.meta(lo + FENCES).offset());
+        }
+    }
+
     /// Where the metas end and where the data region starts: a copy of the node's bytes
     /// before the first and from the second reads as the whole node (nothing reads the free
     /// space between). Both inside the node.
@@ -249,10 +273,14 @@ mod tests {
     use super::*;
     use crate::node::{NodeMut, NodeRef};
 
-    /// A node's bytes, seen as an optimistic read sees them.
-    struct Plain<'a>(&'a [u8]);
+    /// A node's bytes, seen as an optimistic read sees them, and the offsets of the lines
+    /// requested from it.
+    struct Plain<'a>(&'a [u8], std::cell::RefCell<Vec<usize>>);
 
     impl Words for Plain<'_> {
+        fn prefetch(&self, at: usize) {
+            self.1.borrow_mut().push(at);
+        }
         fn word(&self, i: usize) -> u64 {
             self.0
                 .get(i * 8..i * 8 + 8)
@@ -264,7 +292,7 @@ mod tests {
     }
 
     fn racy(buf: &[u8]) -> RacyNode<Plain<'_>> {
-        RacyNode::new(buf.len(), Plain(buf))
+        RacyNode::new(buf.len(), Plain(buf, std::cell::RefCell::default()))
     }
 
     /// A node of `size` bytes between `low` and `high` filled with random records.
@@ -343,6 +371,43 @@ mod tests {
     }
 
     #[test]
+    fn a_search_hint_requests_the_prefix_and_the_record_compared() {
+        let mut rng = SmallRng::seed_from_u64(8);
+        let mut checked = 0;
+        for round in 0..300 {
+            let size = [128, 512, 4096][round % 3];
+            let buf = random_node(&mut rng, size, b"pre:a", b"pre:e");
+            let (node, r) = (NodeRef::from_bytes(&buf), racy(&buf));
+            let suffixes: Vec<&[u8]> = (0..node.len()).map(|i| node.key_suffix(i)).collect();
+            for (i, suffix) in suffixes.iter().enumerate() {
+                let mut key = Vec::new();
+                node.key_into(i, &mut key);
+                r.load.1.borrow_mut().clear();
+                r.prefetch_search(&key);
+                let asked = r.load.1.borrow().clone();
+                assert!(
+                    asked.iter().all(|&at| at < size),
+                    "{asked:?} outside the node"
+                );
+                assert_eq!(asked.first(), Some(&r.prefix_at), "the prefix's line first");
+                // Where no other record shares its look-ahead bytes, the record found is the
+                // one whose bytes the hint requested.
+                let la = lookahead(suffix);
+                if suffixes.iter().filter(|s| lookahead(s) == la).count() == 1 {
+                    let at = r.meta(i + FENCES).offset();
+                    assert_eq!(asked.get(1), Some(&at), "record {i} of {}", node.len());
+                    checked += 1;
+                }
+            }
+            // A key shorter than the prefix requests only the prefix's line.
+            r.load.1.borrow_mut().clear();
+            r.prefetch_search(b"pr");
+            assert_eq!(*r.load.1.borrow(), [r.prefix_at]);
+        }
+        assert!(checked > 200, "only {checked} records checked");
+    }
+
+    #[test]
     fn garbage_never_panics_and_stays_bounded() {
         let mut rng = SmallRng::seed_from_u64(9);
         for round in 0..2000 {
@@ -357,6 +422,8 @@ mod tests {
             let r = racy(&buf);
             assert!(r.len <= size / 8);
             let _ = (r.kind(), r.disk_page(), r.search(b"kab"), r.search(b"z"));
+            r.prefetch_search(b"kab");
+            r.prefetch_metas();
             let (metas_end, data_start) = r.used_extent();
             assert!(metas_end <= data_start && data_start <= size);
             for i in 0..r.len {

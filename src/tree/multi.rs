@@ -2,7 +2,10 @@
 //! leaf pages the rest need are read together with one `read_batch` (up to `BATCH` pages in
 //! flight), instead of one read at a time.
 //!
-//! A key's leaf is looked at once, under its read lock, to answer from the cache or to note
+//! The keys go in waves of `WAVE`: first hints for the whole wave (`prefetch_leaves`), so
+//! that the lookups' misses to memory overlap, then each key as `get` would look it up
+//! without a lock (`get_optimistic`). A key that lookup cannot answer from the cache has
+//! its leaf looked at once more, under its read lock, to answer from the cache or to note
 //! the leaf's bounds, disk page and write token (`PageTracker::write_token`). After the batch
 //! read the key is answered from that page if the token is still the same, with no second
 //! look at the leaf: the token changes with every write-back, split and removal of the leaf,
@@ -18,7 +21,7 @@ use std::cell::RefCell;
 
 use super::checkpoint::BATCH;
 use super::inner::{Bounds, Seek};
-use super::keyspace::Space;
+use super::keyspace::{FullKey, Space};
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, NO_PAGE};
 use crate::error::Result;
@@ -26,6 +29,10 @@ use crate::node::{NodeKind, NodeRef, RecordKind};
 use crate::pool::{Location, PageId, ReadGuard};
 use crate::store::PageBuf;
 use crate::sync;
+
+/// Keys whose leaves a batch prefetches together before looking them up
+/// (`Shared::prefetch_leaves`): enough misses in flight to cover memory's latency.
+const WAVE: usize = 32;
 
 thread_local! {
     /// Page buffers of this thread's last batch, reused by the next.
@@ -70,21 +77,27 @@ impl Shared {
         let mut out: Vec<Option<Result<Option<Vec<u8>>>>> =
             std::iter::repeat_with(|| None).take(keys.len()).collect();
         let mut misses = Vec::new();
-        for (at, key) in keys.iter().enumerate() {
-            let key = key.as_ref();
-            if let Err(e) = self.limits().check(key, &[]) {
-                out[at] = Some(Err(e));
-                continue;
+        let mut stored = Vec::with_capacity(WAVE);
+        for (w, wave) in keys.chunks(WAVE).enumerate() {
+            stored.clear();
+            for (j, key) in wave.iter().enumerate() {
+                let key = key.as_ref();
+                match self.limits().check(key, &[]) {
+                    Ok(()) => stored.push((w * WAVE + j, space.prefix().key(key))),
+                    Err(e) => out[w * WAVE + j] = Some(Err(e)),
+                }
             }
-            let stored = space.prefix().key(key);
-            match self.probe(&stored) {
-                Probe::Answer(answer) => out[at] = Some(answer),
-                Probe::Alone => out[at] = Some(self.get(&stored)),
-                Probe::Disk(leaf) => misses.push(Miss {
-                    at,
-                    key: stored.to_vec(),
-                    leaf,
-                }),
+            self.prefetch_leaves(&stored);
+            for (at, key) in &stored {
+                match self.probe(key) {
+                    Probe::Answer(answer) => out[*at] = Some(answer),
+                    Probe::Alone => out[*at] = Some(self.get(key)),
+                    Probe::Disk(leaf) => misses.push(Miss {
+                        at: *at,
+                        key: key.to_vec(),
+                        leaf,
+                    }),
+                }
             }
         }
         if misses.is_empty() {
@@ -138,9 +151,35 @@ impl Shared {
             .collect()
     }
 
+    /// Hints for a wave of lookups: walks to each key's leaf and starts loading its mapping
+    /// entry; once all are on their way, each mini-page's header line; then the lines a
+    /// search of each mini-page compares bytes on. The lookups that follow find those lines
+    /// in cache, so the keys' misses to memory overlap instead of each waiting in turn.
+    /// Reads nothing it decides on and stores nothing.
+    fn prefetch_leaves(&self, keys: &[(usize, FullKey)]) {
+        let keys = &keys[..keys.len().min(WAVE)];
+        let guard = sync::pin();
+        let mut pids = [0 as PageId; WAVE];
+        for ((_, key), pid) in keys.iter().zip(&mut pids) {
+            *pid = self.index().walk(&guard, Seek::Key(key)).1.leaf();
+            self.pool().prefetch_entry(*pid);
+        }
+        let pids = &pids[..keys.len()];
+        for &pid in pids {
+            self.pool().prefetch_header(pid);
+        }
+        for ((_, key), &pid) in keys.iter().zip(pids) {
+            self.prefetch_search(pid, key);
+        }
+    }
+
     /// Looks at the leaf of stored key `key` (see the module docs).
     fn probe(&self, key: &[u8]) -> Probe {
         let guard = sync::pin();
+        let mut value = Vec::new();
+        if let Some(found) = self.get_optimistic(&guard, key, &mut value) {
+            return Probe::Answer(Ok(found.then_some(value)));
+        }
         let (path, page) = self.index().read_leaf(self.pool(), &guard, Seek::Key(key));
         match cached(&page, key) {
             Cached::Decided(answer) => {

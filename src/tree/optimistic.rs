@@ -90,6 +90,15 @@ impl Shared {
         }
     }
 
+    /// Starts loading the lines of leaf `pid`'s mini-page that a search for `key` compares
+    /// bytes on (`RacyNode::prefetch_search`): a hint, which reads the mini-page's header
+    /// and metas, decides nothing on them and stores nothing.
+    pub(super) fn prefetch_search(&self, pid: crate::pool::PageId, key: &[u8]) {
+        if let Some(node) = self.pool().read_optimistic(pid).as_ref().and_then(racy) {
+            node.prefetch_search(key);
+        }
+    }
+
     /// [`Shared::get_into`] answered from the leaf's mini-page without locking it:
     /// `Some(found)`, the value in `out` (empty on entry), or `None` when the locked path
     /// must answer (module docs), with `out` empty again.
