@@ -201,9 +201,10 @@ impl BufferPool {
 
     /// Starts loading the header line of `pid`'s mini-page, if its entry names one: the
     /// second step of a batch's hints, once [`BufferPool::prefetch_entry`] brought the entry
-    /// in. One line, not `EARLY_PREFETCH` bytes: a batch has many blocks' lines in flight,
-    /// and hints beyond what the core can track stall it. Stores nothing; a location that is
-    /// stale by the time the read comes costs one wasted hint.
+    /// in. The header line alone: the batch's next step reads each header with
+    /// [`BufferPool::read_optimistic`], which requests the block's first bytes itself.
+    /// Stores nothing; a location that is stale by the time the read comes costs one wasted
+    /// hint.
     pub(crate) fn prefetch_header(&self, pid: PageId) {
         let word = self.table.entry(pid).word.load(Ordering::Relaxed);
         if let Location::Mini(addr) = latch::decode(word) {
