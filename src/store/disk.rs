@@ -33,6 +33,20 @@ pub(crate) trait Disk: Send + Sync + 'static {
             .try_for_each(|(i, buf)| check(i, buf))
     }
 
+    /// Reads pages as `next` names them, the k-th into `bufs[k]`, until it names none or
+    /// every buffer is taken, with `check(k, &bufs[k])` for each as in
+    /// [`Disk::read_pages_checked`]; returns how many were read. A medium that reads pages
+    /// concurrently starts on the first while `next` is still naming the rest, so `next`
+    /// may run while reads are in flight and must do no I/O of its own.
+    fn read_pages_streamed(
+        &self,
+        bufs: &mut [PageBuf],
+        next: &mut dyn FnMut() -> Option<PageNo>,
+        check: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<usize> {
+        read_collected(self, bufs, next, check)
+    }
+
     /// Writes every buffer, extending the medium if needed.
     fn write_pages(&self, pages: &[PageNo], bufs: &[PageBuf]) -> Result<()>;
 
@@ -44,4 +58,16 @@ pub(crate) trait Disk: Send + Sync + 'static {
 pub(super) fn offset(page: PageNo, len: usize) -> Option<u64> {
     page.checked_mul(len as u64)
         .filter(|&o| i64::try_from(o).is_ok())
+}
+
+/// [`Disk::read_pages_streamed`] by naming every page first, then reading them together.
+pub(super) fn read_collected<D: Disk + ?Sized>(
+    disk: &D,
+    bufs: &mut [PageBuf],
+    next: &mut dyn FnMut() -> Option<PageNo>,
+    check: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<usize> {
+    let pages: Vec<PageNo> = std::iter::from_fn(next).take(bufs.len()).collect();
+    disk.read_pages_checked(&pages, &mut bufs[..pages.len()], check)?;
+    Ok(pages.len())
 }

@@ -365,6 +365,13 @@ impl PageStore for FaultStore {
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         self.inner()?.read_batch(pages, bufs)
     }
+    fn read_streamed(
+        &self,
+        bufs: &mut [PageBuf],
+        next: &mut dyn FnMut() -> Option<PageNo>,
+    ) -> Result<usize> {
+        self.inner()?.read_streamed(bufs, next)
+    }
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()> {
         self.written[1].fetch_add(pages.len() as u64, Ordering::Relaxed);
         self.inner()?.write_batch(pages, bufs)

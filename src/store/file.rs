@@ -240,7 +240,7 @@ impl FileDisk {
     }
 
     /// Runs a batch of `(page, buffer start, buffer length)` requests through this
-    /// thread's `io_uring` ring, calling `check(i, bytes)` on each completed request (see
+    /// thread's `io_uring` ring, as one batch or streamed (`Submit`), calling `check(i, bytes)` on each completed request (see
     /// `uring::run`). Requests the ring had to abandon come back with their error: the
     /// caller must leak their buffers; this handle refuses all I/O from then on.
     ///
@@ -250,7 +250,7 @@ impl FileDisk {
     #[cfg(target_os = "linux")]
     unsafe fn uring(
         &self,
-        dir: super::uring::Dir,
+        how: Submit,
         reqs: impl Iterator<Item = (PageNo, *mut u8, usize)>,
         check: impl FnMut(usize, &[u8]) -> Result<()>,
     ) -> std::result::Result<(), (Error, Vec<usize>)> {
@@ -264,8 +264,15 @@ impl FileDisk {
                 offset: self.offset(page, len)?,
             })
         });
+        let fd = self.file.as_raw_fd();
         // SAFETY: the caller vouches for the buffers; `self.file` stays open for the call.
-        unsafe { uring::run(self.file.as_raw_fd(), dir, reqs, check) }.map_err(|f| match f {
+        let result = unsafe {
+            match how {
+                Submit::Batch(dir) => uring::run(fd, dir, reqs, check),
+                Submit::Streamed => uring::read_streamed(fd, reqs, check),
+            }
+        };
+        result.map_err(|f| match f {
             Failure::Io(e) => (Error::io(&self.path, e), Vec::new()),
             Failure::Caller(e) => (e, Vec::new()),
             Failure::Abandoned(e, held) => {
@@ -323,7 +330,8 @@ impl Disk for FileDisk {
                 // SAFETY: `bufs` is mutably borrowed for the whole call; `check` only sees a
                 // buffer once its request completed, through the slice `uring::run` passes;
                 // the buffers of abandoned requests are leaked below, never freed.
-                let result = unsafe { self.uring(super::uring::Dir::Read, reqs, check) };
+                let result =
+                    unsafe { self.uring(Submit::Batch(super::uring::Dir::Read), reqs, check) };
                 result.map_err(|(e, held)| {
                     // The kernel may still write these: give the caller fresh buffers and
                     // never free the old ones.
@@ -333,6 +341,41 @@ impl Disk for FileDisk {
                     }
                     e
                 })
+            }
+            #[cfg(not(target_os = "linux"))]
+            Backend::IoUring => Err(Error::InvalidConfig {
+                reason: "io_uring is only available on Linux",
+            }),
+        }
+    }
+
+    fn read_pages_streamed(
+        &self,
+        bufs: &mut [PageBuf],
+        next: &mut dyn FnMut() -> Option<PageNo>,
+        check: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<usize> {
+        match self.backend {
+            Backend::Pread => super::disk::read_collected(self, bufs, next, check),
+            #[cfg(target_os = "linux")]
+            Backend::IoUring => {
+                let mut named = 0;
+                let reqs = bufs.iter_mut().map_while(|b| {
+                    let p = next()?;
+                    named += 1;
+                    Some((p, b.as_mut_ptr(), b.len()))
+                });
+                // SAFETY: as in `read_pages_checked`; each buffer is handed out once, by
+                // the iterator over `bufs`, which stays mutably borrowed for the call.
+                let result = unsafe { self.uring(Submit::Streamed, reqs, check) };
+                result.map_err(|(e, held)| {
+                    for i in held {
+                        let fresh = PageBuf::new(bufs[i].len());
+                        std::mem::forget(std::mem::replace(&mut bufs[i], fresh));
+                    }
+                    e
+                })?;
+                Ok(named)
             }
             #[cfg(not(target_os = "linux"))]
             Backend::IoUring => Err(Error::InvalidConfig {
@@ -369,7 +412,9 @@ impl Disk for FileDisk {
                 // that no checkpoint references (leaves are written to fresh pages) and
                 // whose checksum covers its page number, and this handle is refused from
                 // now on (the flush that would make it durable fails).
-                let result = unsafe { self.uring(super::uring::Dir::Write, reqs, |_, _| Ok(())) };
+                let result = unsafe {
+                    self.uring(Submit::Batch(super::uring::Dir::Write), reqs, |_, _| Ok(()))
+                };
                 result.map_err(|(e, _)| e)
             }
             #[cfg(not(target_os = "linux"))]
@@ -383,4 +428,14 @@ impl Disk for FileDisk {
         self.usable()?;
         self.file.sync_data().map_err(|e| Error::io(&self.path, e))
     }
+}
+
+/// How [`FileDisk::uring`] hands its requests to the ring.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Clone, Copy)]
+enum Submit {
+    /// All together, once the request list is complete (`uring::run`).
+    Batch(super::uring::Dir),
+    /// Reads, submitted in groups as the list names them (`uring::read_streamed`).
+    Streamed,
 }

@@ -136,6 +136,21 @@ pub(crate) trait PageStore: Send + Sync + 'static {
     #[allow(dead_code)] // used by unit tests and the internals harness
     fn read_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()>;
 
+    /// Reads pages as `next` names them, the k-th into `bufs[k]`, until it names none or
+    /// every buffer is taken, verifying each as `read` does; returns how many were read.
+    /// Where the medium allows, the first reads are under way while `next` is still naming
+    /// the rest: `next` may run while reads are in flight, and must do no I/O of its own.
+    /// Returns the first error; on error the contents of all `bufs` are unspecified.
+    fn read_streamed(
+        &self,
+        bufs: &mut [PageBuf],
+        next: &mut dyn FnMut() -> Option<PageNo>,
+    ) -> Result<usize> {
+        let pages: Vec<PageNo> = std::iter::from_fn(next).take(bufs.len()).collect();
+        self.read_batch(&pages, &mut bufs[..pages.len()])?;
+        Ok(pages.len())
+    }
+
     /// Many writes submitted together.
     fn write_batch(&self, pages: &[PageNo], bufs: &mut [PageBuf]) -> Result<()>;
 

@@ -1,6 +1,7 @@
 //! [`PagedStore`]: checksums, allocation and superblocks over any [`Disk`]. `FileStore` and
 //! `FaultStore` are this type over a file and over an emulated disk.
 
+use std::cell::RefCell;
 use std::io;
 use std::path::Path;
 
@@ -291,6 +292,45 @@ impl<D: Disk> PageStore for PagedStore<D> {
         // Counted like `read`: pages that came off the medium, verified or not.
         if !matches!(result, Err(Error::Io { .. })) {
             self.reads.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn read_streamed(
+        &self,
+        bufs: &mut [PageBuf],
+        next: &mut dyn FnMut() -> Option<PageNo>,
+    ) -> Result<usize> {
+        // The pages named so far, for the checks; a page this store refuses ends the
+        // stream, and its error is the call's.
+        if bufs.iter().any(|b| b.len() != self.page_size) {
+            return Err(Error::InvalidConfig {
+                reason: "read_streamed needs buffers of the store's page size",
+            });
+        }
+        let named = RefCell::new(Vec::with_capacity(bufs.len()));
+        let mut refused = None;
+        let result = self.disk.read_pages_streamed(
+            bufs,
+            &mut || {
+                let p = next()?;
+                if let Err(e) = self.check(p, self.page_size) {
+                    refused = Some(e);
+                    return None;
+                }
+                named.borrow_mut().push(p);
+                Some(p)
+            },
+            &mut |i, buf| self.verify(&named.borrow(), i, buf),
+        );
+        let result = match refused {
+            Some(e) => Err(e),
+            None => result,
+        };
+        // Counted like `read`: pages that came off the medium, verified or not.
+        if !matches!(result, Err(Error::Io { .. })) {
+            let read = named.borrow().len();
+            self.reads.fetch_add(read as u64, Ordering::Relaxed);
         }
         result
     }

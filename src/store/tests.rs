@@ -173,6 +173,52 @@ fn batches<H: Harness>(h: &H) {
     assert_corrupt(s.read_batch(&[pages[0], bad], &mut two), bad);
 }
 
+/// `read_streamed`: the k-th page named lands in the k-th buffer, naming stops once every
+/// buffer is taken, and a bad page, a refused page or a wrong buffer fails the read.
+fn streamed<H: Harness>(h: &H) {
+    let s = h.make();
+    let pages: Vec<PageNo> = (0..40).map(|_| s.allocate().unwrap()).collect();
+    let mut bufs: Vec<PageBuf> = pages.iter().map(|&p| pattern(p * 5)).collect();
+    s.write_batch(&pages, &mut bufs).unwrap();
+    let order: Vec<PageNo> = pages.iter().rev().step_by(2).copied().collect();
+    let mut out: Vec<PageBuf> = (0..32).map(|_| PageBuf::new(P)).collect();
+    let (mut named, mut asked) = (order.iter().copied(), 0);
+    let reads = s.stats().reads;
+    let n = s
+        .read_streamed(&mut out, &mut || {
+            asked += 1;
+            named.next()
+        })
+        .unwrap();
+    assert_eq!((n, asked), (20, 21), "every page named, then one `None`");
+    assert_eq!(s.stats().reads - reads, 20);
+    for (&p, buf) in order.iter().zip(&out) {
+        assert_payload(buf, p * 5);
+    }
+    // More pages than buffers: naming stops at the last buffer.
+    let mut named = pages.iter().copied();
+    let n = s
+        .read_streamed(&mut out[..7], &mut || named.next())
+        .unwrap();
+    assert_eq!((n, named.next()), (7, Some(pages[7])));
+    for (&p, buf) in pages.iter().zip(&out[..7]) {
+        assert_payload(buf, p * 5);
+    }
+    assert_eq!(s.read_streamed(&mut out, &mut || None).unwrap(), 0);
+    // A page never written, a page beyond the end, a buffer of another size.
+    let bad = s.allocate().unwrap();
+    let mut named = [pages[0], bad].into_iter();
+    assert_corrupt(
+        s.read_streamed(&mut out, &mut || named.next()).map(drop),
+        bad,
+    );
+    let mut named = [pages[0], bad + 1].into_iter();
+    assert!(s.read_streamed(&mut out, &mut || named.next()).is_err());
+    let mut odd = [PageBuf::new(P), PageBuf::new(P / 2)];
+    let mut named = pages.iter().copied();
+    assert!(s.read_streamed(&mut odd, &mut || named.next()).is_err());
+}
+
 fn detects_damage<H: Harness>(h: &H) {
     let s = h.make();
     let a = s.allocate().unwrap();
@@ -373,6 +419,7 @@ fn concurrent<H: Harness>(h: &H) {
 fn suite<H: Harness>(h: &H) {
     round_trip(h);
     batches(h);
+    streamed(h);
     detects_damage(h);
     allocation(h);
     persistence(h);

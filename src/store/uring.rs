@@ -17,6 +17,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -157,7 +158,8 @@ fn transient(errno: i32) -> bool {
 /// the end of the file fill the rest of the buffer with zeros. As soon as request `i` has
 /// transferred all its bytes, `check(i, bytes)` runs on its buffer while later requests are
 /// still in flight. Returns the first error (of `reqs`, of the kernel or of `check`); after
-/// an error nothing more is submitted, and `check` is not called again.
+/// an error nothing more is submitted, and `check` is not called again. A panic in `check`
+/// is resumed once no request is in flight (unless requests are abandoned, see below).
 ///
 /// `reqs` is consumed before anything is submitted, so an error in it means no I/O was done.
 ///
@@ -185,42 +187,127 @@ pub(super) unsafe fn run<E>(
             });
         }
         // SAFETY: forwarded from this function's contract.
-        let result = unsafe { drive(r, fd, dir, &mut check) };
-        // A rare huge batch should not pin its scratch space for the thread's lifetime.
-        r.ops.shrink_to(SCRATCH_KEPT);
-        r.retry.shrink_to(SCRATCH_KEPT);
-        result
+        let outcome = unsafe { drive(r, fd, dir, &mut std::iter::empty(), &mut check) };
+        finish(r, outcome)
     })
     .map_err(Failure::Io)?
 }
 
-/// Runs the batch in `r.ops` (see [`run`]).
+/// Reads requests as `reqs` yields them: while it still yields, every `STREAM_GROUP` of them
+/// are submitted without waiting, so the device works on the first while the caller is
+/// still finding the next. Otherwise as [`run`] for `Dir::Read`, except that an error from
+/// `reqs` may come after I/O was done (the requests already yielded complete first), and a
+/// panic in `reqs` is resumed once none of them is in flight.
+///
+/// `reqs` runs while this thread's ring is in use: it must do no I/O through it (a nested
+/// batch fails with an error).
 ///
 /// # Safety
-/// As for [`run`], for every request in `r.ops`.
+/// As for [`run`], for every request `reqs` yields, from when it yields it.
+pub(super) unsafe fn read_streamed<E>(
+    fd: RawFd,
+    mut reqs: impl Iterator<Item = Result<Request, E>>,
+    mut check: impl FnMut(usize, &[u8]) -> Result<(), E>,
+) -> Result<(), Failure<E>> {
+    with_ring(|r| {
+        r.ops.clear();
+        r.retry.clear();
+        // SAFETY: forwarded from this function's contract.
+        let outcome = unsafe { drive(r, fd, Dir::Read, &mut reqs, &mut check) };
+        finish(r, outcome)
+    })
+    .map_err(Failure::Io)?
+}
+
+/// Requests a streamed read submits together while its source still yields: few enough
+/// that the device starts on the first soon, enough that a submission's system call is
+/// shared by several.
+const STREAM_GROUP: usize = 8;
+
+/// What ends a batch whose `drive` returned `outcome`: the ring's request ids move past the
+/// batch's, its scratch space is trimmed, and a panic of the caller's code is resumed.
+fn finish<E>(r: &mut Ring, outcome: Outcome<E>) -> Result<(), Failure<E>> {
+    r.next_id = r.next_id.wrapping_add(r.ops.len() as u64);
+    // A rare huge batch should not pin its scratch space for the thread's lifetime.
+    r.ops.shrink_to(SCRATCH_KEPT);
+    r.retry.shrink_to(SCRATCH_KEPT);
+    match outcome {
+        Outcome::Done(result) => result,
+        Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+/// How a batch's `drive` ended.
+enum Outcome<E> {
+    /// Every request completed or failed (or was abandoned).
+    Done(Result<(), Failure<E>>),
+    /// The caller's source or check panicked; no request is in flight any more.
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+/// Runs the batch in `r.ops`, then the requests `source` yields (see [`run`] and
+/// [`read_streamed`]). A panic of `source` or `check` stops the batch like an error and is
+/// returned once no request is in flight; if requests must be abandoned instead, the
+/// caller hears of them (`Failure::Abandoned`) and the panic is dropped, so that it never
+/// unwinds past buffers the kernel may still write.
+///
+/// # Safety
+/// As for [`run`], for every request in `r.ops` and every request `source` yields.
 unsafe fn drive<E>(
     r: &mut Ring,
     fd: RawFd,
     dir: Dir,
+    source: &mut impl Iterator<Item = Result<Request, E>>,
     check: &mut impl FnMut(usize, &[u8]) -> Result<(), E>,
-) -> Result<(), Failure<E>> {
-    let n = r.ops.len();
+) -> Outcome<E> {
     let base = r.next_id;
-    r.next_id = r.next_id.wrapping_add(n as u64);
     let mut next = 0usize;
     let mut inflight = 0usize;
     let mut first_err: Option<Failure<E>> = None;
+    let mut panicked: Option<Box<dyn std::any::Any + Send>> = None;
     let mut hard_failures = 0u32;
+    // Whether `source` has nothing more to yield, and how many it yielded since the last
+    // submission.
+    let mut drained = false;
+    let mut pulled = 0usize;
     loop {
         let mut sq = r.uring.submission();
-        while first_err.is_none() && !sq.is_full() && inflight < RING_ENTRIES as usize {
+        while first_err.is_none()
+            && panicked.is_none()
+            && !sq.is_full()
+            && inflight < RING_ENTRIES as usize
+        {
             let i = match r.retry.pop() {
                 Some(i) => i,
-                None if next < n => {
+                None if next < r.ops.len() => {
                     next += 1;
                     next - 1
                 }
-                None => break,
+                None if drained || pulled == STREAM_GROUP => break,
+                None => match catch_unwind(AssertUnwindSafe(|| source.next())) {
+                    Ok(Some(Ok(req))) => {
+                        r.ops.push(Op {
+                            req,
+                            done: 0,
+                            inflight: false,
+                        });
+                        pulled += 1;
+                        next += 1;
+                        next - 1
+                    }
+                    Ok(Some(Err(e))) => {
+                        first_err = Some(Failure::Caller(e));
+                        break;
+                    }
+                    Ok(None) => {
+                        drained = true;
+                        break;
+                    }
+                    Err(payload) => {
+                        panicked = Some(payload);
+                        break;
+                    }
+                },
             };
             let op = &r.ops[i];
             // SAFETY: `done < len`, so the pointer stays inside the caller's buffer.
@@ -245,15 +332,24 @@ unsafe fn drive<E>(
             inflight += 1;
         }
         drop(sq);
+        pulled = 0;
         if inflight == 0 {
-            break;
+            let stopped = first_err.is_some() || panicked.is_some();
+            if stopped || drained && next == r.ops.len() && r.retry.is_empty() {
+                break;
+            }
+            continue;
         }
-        // With requests left to submit, wait for one completion to refill its slot. Once
-        // everything is queued, a write batch sleeps once for the whole last wave; a read
-        // batch wakes for every `READ_WAKE` completions, so that the checks of the pages
-        // already read run while the rest are still in flight, not all after the last.
-        let all_queued = next == n && r.retry.is_empty();
+        // While the source still yields and the ring has room, submit without waiting and
+        // go back for more. With requests left to submit, wait for one completion to refill
+        // its slot. Once everything is queued, a write batch sleeps once for the whole last
+        // wave; a read batch wakes for every `READ_WAKE` completions, so that the checks of
+        // the pages already read run while the rest are still in flight, not all after the
+        // last.
+        let stopped = first_err.is_some() || panicked.is_some();
+        let all_queued = (drained || stopped) && next == r.ops.len() && r.retry.is_empty();
         let want = match dir {
+            _ if !drained && !stopped && inflight < RING_ENTRIES as usize => 0,
             _ if !all_queued => 1,
             Dir::Read => inflight.min(READ_WAKE),
             Dir::Write => inflight,
@@ -277,7 +373,8 @@ unsafe fn drive<E>(
                     // still holds), but a request already at the device may still land:
                     // its buffer is handed over for good.
                     let held = r.ops.iter().enumerate().filter(|(_, op)| op.inflight);
-                    return Err(Failure::Abandoned(e, held.map(|(i, _)| i).collect()));
+                    let held = held.map(|(i, _)| i).collect();
+                    return Outcome::Done(Err(Failure::Abandoned(e, held)));
                 }
                 first_err.get_or_insert(Failure::Io(e));
                 std::thread::sleep(std::time::Duration::from_millis(1));
@@ -316,19 +413,22 @@ unsafe fn drive<E>(
                     continue;
                 }
             }
-            if first_err.is_none() {
+            if first_err.is_none() && panicked.is_none() {
                 // SAFETY: the request is complete, so the kernel no longer touches the
                 // buffer, and the caller lets nothing else access it during the batch.
                 let bytes = unsafe { std::slice::from_raw_parts(op.req.ptr, op.req.len) };
-                if let Err(e) = check(i, bytes) {
-                    first_err = Some(Failure::Caller(e));
+                match catch_unwind(AssertUnwindSafe(|| check(i, bytes))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => first_err = Some(Failure::Caller(e)),
+                    Err(payload) => panicked = Some(payload),
                 }
             }
         }
     }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(()),
+    match (panicked, first_err) {
+        (Some(payload), _) => Outcome::Panicked(payload),
+        (None, Some(e)) => Outcome::Done(Err(e)),
+        (None, None) => Outcome::Done(Ok(())),
     }
 }
 

@@ -136,6 +136,100 @@ fn io_uring_checks_each_completion_and_stops_at_the_first_failure() {
     assert!(matches!(r, Err(uring::Failure::Caller(7))) && !called);
 }
 
+/// A streamed read takes requests as its source yields them and submits the first before
+/// the source is done: the file is in the page cache, where the kernel completes a read
+/// as it is submitted, so the first checks run before the source yields its last request.
+/// Every request is checked once. The source cannot start a batch of its own on the ring;
+/// an error from it is the read's error; a panic in it unwinds once nothing is in flight,
+/// and the thread's ring still works afterwards.
+#[test]
+fn io_uring_streams_requests_as_the_source_yields_them() {
+    use std::cell::RefCell;
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("streamed");
+    let n = 64usize;
+    let mut data = vec![0u8; n * 512];
+    for (i, chunk) in data.chunks_mut(512).enumerate() {
+        chunk.fill(i as u8);
+    }
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let fd = file.as_raw_fd();
+    let mut bufs: Vec<PageBuf> = (0..n).map(|_| PageBuf::new(512)).collect();
+    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+    let req = |i: usize| uring::Request {
+        ptr: ptrs[i],
+        len: 512,
+        offset: (i * 512) as u64,
+    };
+    // (whether a check, request index), in the order they happened.
+    let events = RefCell::new(Vec::new());
+    let mut nested = None;
+    let source = (0..n).map(|i| {
+        events.borrow_mut().push((false, i));
+        if i == 3 {
+            let mut spare = PageBuf::new(512);
+            let own = uring::Request {
+                ptr: spare.as_mut_ptr(),
+                len: 512,
+                offset: 0,
+            };
+            // SAFETY: `spare` outlives the call and is not touched during it.
+            let r = unsafe {
+                uring::run(
+                    fd,
+                    uring::Dir::Read,
+                    [Ok::<_, ()>(own)].into_iter(),
+                    |_, _| Ok(()),
+                )
+            };
+            nested = Some(matches!(r, Err(uring::Failure::Io(_))));
+        }
+        Ok::<_, usize>(req(i))
+    });
+    let check = |i: usize, bytes: &[u8]| -> Result<(), usize> {
+        assert!(
+            bytes.iter().all(|&b| b == i as u8),
+            "request {i} checked early"
+        );
+        events.borrow_mut().push((true, i));
+        Ok(())
+    };
+    // SAFETY: the buffers outlive the call and are only read through `check`.
+    unsafe { uring::read_streamed(fd, source, check) }.unwrap();
+    assert_eq!(nested, Some(true), "a batch inside the source must fail");
+    let events = events.into_inner();
+    let mut checked: Vec<usize> = events.iter().filter(|e| e.0).map(|e| e.1).collect();
+    checked.sort_unstable();
+    assert_eq!(checked, (0..n).collect::<Vec<_>>());
+    let first_check = events.iter().position(|e| e.0).unwrap();
+    let last_yield = events.iter().rposition(|e| !e.0).unwrap();
+    assert!(
+        first_check < last_yield,
+        "nothing was submitted before the source ended"
+    );
+    // An error from the source ends the read.
+    let source = (0..n).map(|i| if i == 20 { Err(i) } else { Ok(req(i)) });
+    // SAFETY: as above.
+    let r = unsafe { uring::read_streamed(fd, source, |_, _| Ok(())) };
+    assert!(matches!(r, Err(uring::Failure::Caller(20))), "{r:?}");
+    // A panic in the source.
+    let source = (0..n).map(|i| {
+        assert!(i != 20, "the source fails");
+        Ok::<_, ()>(req(i))
+    });
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: as above; the call unwinds only once no request is in flight.
+        unsafe { uring::read_streamed(fd, source, |_, _| Ok(())) }
+    }));
+    assert!(panicked.is_err());
+    let source = (0..n).map(|i| Ok::<_, ()>(req(i)));
+    // SAFETY: as above.
+    unsafe { uring::read_streamed(fd, source, |_, _| Ok(())) }.unwrap();
+    drop(bufs);
+}
+
 /// Waits that keep failing while the kernel holds requests: the batch gives up after a
 /// bounded time with `Abandoned` and the indices of the requests still held (instead of
 /// stopping the process), and the thread's next batch runs on a new ring.

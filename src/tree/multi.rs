@@ -1,21 +1,29 @@
 //! Batched lookups (`get_many`): every key the cache answers is answered at once, and the
-//! leaf pages the rest need are read together with one `read_batch` (up to `BATCH` pages in
-//! flight), instead of one read at a time.
+//! leaf pages the rest need are read together (up to `BATCH` pages in flight), instead of
+//! one read at a time.
 //!
 //! The keys go in waves of `WAVE`: first hints for the whole wave (`prefetch_leaves`), so
 //! that the lookups' misses to memory overlap, then each key as `get` would look it up
 //! without a lock (`get_optimistic`). A key that lookup cannot answer from the cache has
 //! its leaf looked at once more, under its read lock, to answer from the cache or to note
-//! the leaf's bounds, disk page and write token (`PageTracker::write_token`). After the batch
-//! read the key is answered from that page if the token is still the same, with no second
-//! look at the leaf: the token changes with every write-back, split and removal of the leaf,
-//! before its old page is freed, so an unchanged token means the page was the leaf's all
-//! along and was never rewritten. The page then holds what the leaf held for the key when it
-//! was looked at (its cache did not decide the key), a state within the call, as a `get`
-//! running then would have answered. Otherwise, and for a batch that fails, the key is
+//! the leaf's bounds, disk page and write token (`PageTracker::write_token`). Those looks
+//! run inside a streamed read (`PageStore::read_streamed`): each new page is named as its
+//! key is looked at, and the store starts reading the first pages while the later keys
+//! are still being looked at. The looks therefore do no I/O; a key with merge operands
+//! pending is looked up on its own after the reads.
+//!
+//! After its read, a key is answered from the page if the token is still the same, with no
+//! second look at the leaf: the token changes with every write-back, split and removal of
+//! the leaf, before its old page is freed, so an unchanged token means the page was the
+//! leaf's all along and was never rewritten. Two keys share one read of a page only if they
+//! noted the same leaf and token: the read may then come before the second key's look, and
+//! the token, unchanged from the first look to the answer, still means the page was never
+//! rewritten over that whole span. The page then holds what the leaf held for the key when
+//! it was looked at (its cache did not decide the key), a state within the call, as a `get`
+//! running then would have answered. Otherwise, and for a read that fails, the key is
 //! looked up on its own, so each key gets exactly the answer or error a `get` would.
-//! Nothing is cached from the batch (no promotion). The page buffers are kept for the
-//! thread's next batch (up to `BATCH` of them), so a batch neither allocates nor zeroes them.
+//! Nothing is cached from the reads (no promotion). The page buffers are kept for the
+//! thread's next call (up to `BATCH` of them), so a read neither allocates nor zeroes them.
 
 use std::cell::RefCell;
 
@@ -65,6 +73,83 @@ struct Miss {
     /// The stored key.
     key: Vec<u8>,
     leaf: Noted,
+    /// The buffer its batch reads the page into.
+    buf: usize,
+}
+
+/// The keys of a `get_many` call and how far their probes got.
+struct Walk<'k, K> {
+    keys: &'k [K],
+    space: &'k Space,
+    /// Keys taken into waves so far.
+    done: usize,
+    /// The current wave's stored keys, with their positions in `keys`.
+    wave: Vec<(usize, FullKey)>,
+    /// The current wave's keys probed so far.
+    probed: usize,
+    /// Keys to look up on their own after the batches.
+    alone: Vec<(usize, Vec<u8>)>,
+}
+
+impl<K: AsRef<[u8]>> Walk<'_, K> {
+    /// Whether every key was probed.
+    fn finished(&self) -> bool {
+        self.done == self.keys.len() && self.probed == self.wave.len()
+    }
+
+    /// Takes the next `WAVE` keys, answering those the limits refuse.
+    fn next_wave(&mut self, tree: &Shared, out: &mut [Option<Result<Option<Vec<u8>>>>]) {
+        self.wave.clear();
+        self.probed = 0;
+        let end = (self.done + WAVE).min(self.keys.len());
+        for (at, key) in self.keys.iter().enumerate().take(end).skip(self.done) {
+            let key = key.as_ref();
+            match tree.limits().check(key, &[]) {
+                Ok(()) => self.wave.push((at, self.space.prefix().key(key))),
+                Err(e) => out[at] = Some(Err(e)),
+            }
+        }
+        self.done = end;
+    }
+}
+
+/// The misses of one streamed read and the pages it reads for them.
+#[derive(Default)]
+struct Batch {
+    /// The misses the read answers; `buf` indexes `pages`.
+    misses: Vec<Miss>,
+    /// The pages named to the read, in order, with the leaf and write token each was
+    /// named for.
+    pages: Vec<(u64, PageId, u64)>,
+}
+
+impl Batch {
+    /// Empties the batch for the next read.
+    fn start(&mut self) {
+        self.misses.clear();
+        self.pages.clear();
+    }
+
+    /// The next page the read should fetch, taking misses from `next_miss` until one needs
+    /// a page not named yet (the read asks only while it has a buffer for one). A miss shares a page already named only if it was noted for
+    /// the same leaf with the same write token: the page may have been read before this
+    /// miss was probed, and an unchanged token from the first naming to the answer is
+    /// what makes that read the leaf's page all along (see the module docs).
+    fn next_page(&mut self, mut next_miss: impl FnMut() -> Option<Miss>) -> Option<u64> {
+        loop {
+            let mut m = next_miss()?;
+            let named = (m.leaf.page, m.leaf.pid, m.leaf.token);
+            if let Some(i) = self.pages.iter().position(|p| *p == named) {
+                m.buf = i;
+                self.misses.push(m);
+                continue;
+            }
+            m.buf = self.pages.len();
+            self.pages.push(named);
+            self.misses.push(m);
+            return Some(named.0);
+        }
+    }
 }
 
 impl Shared {
@@ -76,58 +161,103 @@ impl Shared {
     ) -> Vec<Result<Option<Vec<u8>>>> {
         let mut out: Vec<Option<Result<Option<Vec<u8>>>>> =
             std::iter::repeat_with(|| None).take(keys.len()).collect();
-        let mut misses = Vec::new();
-        let mut stored = Vec::with_capacity(WAVE);
-        for (w, wave) in keys.chunks(WAVE).enumerate() {
-            stored.clear();
-            for (j, key) in wave.iter().enumerate() {
-                let key = key.as_ref();
-                match self.limits().check(key, &[]) {
-                    Ok(()) => stored.push((w * WAVE + j, space.prefix().key(key))),
-                    Err(e) => out[w * WAVE + j] = Some(Err(e)),
+        let mut walk = Walk {
+            keys,
+            space,
+            done: 0,
+            wave: Vec::with_capacity(WAVE),
+            probed: 0,
+            alone: Vec::new(),
+        };
+        match self.storage().store() {
+            Some(store) => {
+                let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+                bufs.retain(|b| b.len() == self.page_size());
+                let mut batch = Batch::default();
+                loop {
+                    // At most one page per key left.
+                    let left = keys.len() - walk.done + walk.wave.len() - walk.probed;
+                    let want = left.min(BATCH);
+                    if want == 0 {
+                        break;
+                    }
+                    if bufs.len() < want {
+                        bufs.resize_with(want, || PageBuf::new(self.page_size()));
+                    }
+                    batch.start();
+                    let before = (walk.done, walk.probed);
+                    let read = store
+                        .read_streamed(&mut bufs[..want], &mut || {
+                            batch.next_page(|| self.next_miss(&mut walk, &mut out))
+                        })
+                        .is_ok();
+                    // A read that failed, or took no key, may do so again: the rest is
+                    // looked up key by key, so the call always ends.
+                    let stuck = !read || (walk.done, walk.probed) == before;
+                    for m in batch.misses.drain(..) {
+                        self.counters().count(Event::CacheMiss);
+                        let answer = read.then(|| self.answer_from(&m, &bufs[m.buf]));
+                        out[m.at] = Some(answer.flatten().unwrap_or_else(|| self.get(&m.key)));
+                    }
+                    if stuck {
+                        while let Some(m) = self.next_miss(&mut walk, &mut out) {
+                            self.counters().count(Event::CacheMiss);
+                            out[m.at] = Some(self.get(&m.key));
+                        }
+                    }
+                    if walk.finished() {
+                        break;
+                    }
+                }
+                bufs.truncate(BATCH);
+                BUFS.with(|b| *b.borrow_mut() = bufs);
+            }
+            // Nothing is on a disk: every miss is looked up on its own.
+            None => {
+                while let Some(m) = self.next_miss(&mut walk, &mut out) {
+                    self.counters().count(Event::CacheMiss);
+                    out[m.at] = Some(self.get(&m.key));
                 }
             }
-            self.prefetch_leaves(&stored);
-            for (at, key) in &stored {
-                match self.probe(key) {
-                    Probe::Answer(answer) => out[*at] = Some(answer),
-                    Probe::Alone => out[*at] = Some(self.get(key)),
-                    Probe::Disk(leaf) => misses.push(Miss {
+        }
+        for (at, key) in walk.alone {
+            out[at] = Some(self.get(&key));
+        }
+        self.finish(space, keys, out)
+    }
+
+    /// Probes `walk`'s keys in turn, answering in `out` those the cache decides, up to the
+    /// next whose leaf's disk page decides it. Does no I/O: a key with merge operands
+    /// pending is set aside in `walk.alone`, for a lookup of its own after the batches.
+    fn next_miss<K: AsRef<[u8]>>(
+        &self,
+        walk: &mut Walk<'_, K>,
+        out: &mut [Option<Result<Option<Vec<u8>>>>],
+    ) -> Option<Miss> {
+        loop {
+            if walk.probed == walk.wave.len() {
+                if walk.done == walk.keys.len() {
+                    return None;
+                }
+                walk.next_wave(self, out);
+                self.prefetch_leaves(&walk.wave);
+                continue;
+            }
+            let (at, key) = &walk.wave[walk.probed];
+            walk.probed += 1;
+            match self.probe(key) {
+                Probe::Answer(answer) => out[*at] = Some(answer),
+                Probe::Alone => walk.alone.push((*at, key.to_vec())),
+                Probe::Disk(leaf) => {
+                    return Some(Miss {
                         at: *at,
                         key: key.to_vec(),
                         leaf,
-                    }),
+                        buf: 0,
+                    })
                 }
             }
         }
-        if misses.is_empty() {
-            return self.finish(space, keys, out);
-        }
-        let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        bufs.retain(|b| b.len() == self.page_size());
-        for chunk in misses.chunks(BATCH) {
-            let mut pages: Vec<u64> = chunk.iter().map(|m| m.leaf.page).collect();
-            pages.sort_unstable();
-            pages.dedup();
-            if bufs.len() < pages.len() {
-                bufs.resize_with(pages.len(), || PageBuf::new(self.page_size()));
-            }
-            let read = match self.storage().store() {
-                Some(store) => store.read_batch(&pages, &mut bufs[..pages.len()]).is_ok(),
-                None => false,
-            };
-            for m in chunk {
-                self.counters().count(Event::CacheMiss);
-                let answer = match pages.binary_search(&m.leaf.page) {
-                    Ok(i) if read => self.answer_from(m, &bufs[i]),
-                    _ => None,
-                };
-                out[m.at] = Some(answer.unwrap_or_else(|| self.get(&m.key)));
-            }
-        }
-        bufs.truncate(BATCH);
-        BUFS.with(|b| *b.borrow_mut() = bufs);
-        self.finish(space, keys, out)
     }
 
     /// The answers of [`Shared::get_many_in`], each checked against the log and with a
@@ -262,4 +392,48 @@ fn leaf_disk_page(page: &ReadGuard<'_>) -> Option<u64> {
         (None, Location::Mini(_)) => None,
     };
     disk.filter(|p| *p != NO_PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Batch, Miss, Noted};
+
+    fn miss(at: usize, page: u64, pid: u32, token: u64) -> Miss {
+        Miss {
+            at,
+            key: vec![at as u8],
+            leaf: Noted {
+                pid,
+                page,
+                token,
+                bounds: (None, None),
+            },
+            buf: usize::MAX,
+        }
+    }
+
+    /// A miss shares a page already named only when it noted the same leaf and write token;
+    /// a page number noted for another leaf or token is read again, into its own buffer.
+    #[test]
+    fn a_batch_shares_a_read_only_for_the_same_leaf_and_token() {
+        let mut batch = Batch::default();
+        let mut misses = vec![
+            miss(0, 10, 1, 5),
+            miss(1, 10, 1, 5),
+            miss(2, 11, 2, 5),
+            miss(3, 10, 1, 6),
+            miss(4, 10, 3, 5),
+            miss(5, 11, 2, 5),
+        ]
+        .into_iter();
+        let mut named = Vec::new();
+        while let Some(page) = batch.next_page(|| misses.next()) {
+            named.push(page);
+        }
+        assert_eq!(named, [10, 11, 10, 10]);
+        let bufs: Vec<(usize, usize)> = batch.misses.iter().map(|m| (m.at, m.buf)).collect();
+        assert_eq!(bufs, [(0, 0), (1, 0), (2, 1), (3, 2), (4, 3), (5, 1)]);
+        batch.start();
+        assert!(batch.misses.is_empty() && batch.next_page(|| None).is_none());
+    }
 }
