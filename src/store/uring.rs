@@ -222,7 +222,7 @@ pub(super) unsafe fn read_streamed<E>(
 /// Requests a streamed read submits together while its source still yields: few enough
 /// that the device starts on the first soon, enough that a submission's system call is
 /// shared by several.
-const STREAM_GROUP: usize = 8;
+const STREAM_GROUP: usize = 4;
 
 /// What ends a batch whose `drive` returned `outcome`: the ring's request ids move past the
 /// batch's, its scratch space is trimmed, and a panic of the caller's code is resumed.
