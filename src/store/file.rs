@@ -240,9 +240,10 @@ impl FileDisk {
     }
 
     /// Runs a batch of `(page, buffer start, buffer length)` requests through this
-    /// thread's `io_uring` ring, as one batch or streamed (`Submit`), calling `check(i, bytes)` on each completed request (see
-    /// `uring::run`). Requests the ring had to abandon come back with their error: the
-    /// caller must leak their buffers; this handle refuses all I/O from then on.
+    /// thread's `io_uring` ring, as one batch or streamed (`Submit`), calling
+    /// `check(i, bytes)` on each completed request (see `uring::run`). Requests the ring had
+    /// to abandon come back with their error: the caller must leak their buffers; this
+    /// handle refuses all I/O from then on.
     ///
     /// # Safety
     /// Each pointer must be valid for its length (and writable for reads) and not otherwise

@@ -301,13 +301,13 @@ impl<D: Disk> PageStore for PagedStore<D> {
         bufs: &mut [PageBuf],
         next: &mut dyn FnMut() -> Option<PageNo>,
     ) -> Result<usize> {
-        // The pages named so far, for the checks; a page this store refuses ends the
-        // stream, and its error is the call's.
         if bufs.iter().any(|b| b.len() != self.page_size) {
             return Err(Error::InvalidConfig {
                 reason: "read_streamed needs buffers of the store's page size",
             });
         }
+        // The pages named so far, for the checks; a page this store refuses ends the
+        // stream, and its error is the call's.
         let named = RefCell::new(Vec::with_capacity(bufs.len()));
         let mut refused = None;
         let result = self.disk.read_pages_streamed(

@@ -6,6 +6,17 @@ use super::uring;
 use super::PageBuf;
 use crate::error::Result;
 
+/// A file in `dir` of `n` chunks of 512 bytes, chunk `i` filled with the byte `i as u8`.
+fn numbered_file(dir: &std::path::Path, n: usize) -> std::fs::File {
+    let path = dir.join("numbered");
+    let mut data = vec![0u8; n * 512];
+    for (i, chunk) in data.chunks_mut(512).enumerate() {
+        chunk.fill(i as u8);
+    }
+    std::fs::write(&path, &data).unwrap();
+    std::fs::File::open(&path).unwrap()
+}
+
 #[test]
 fn io_uring_maps_errors_and_zero_fills_past_the_end() {
     use std::os::fd::AsRawFd;
@@ -65,14 +76,8 @@ fn io_uring_maps_errors_and_zero_fills_past_the_end() {
 fn io_uring_checks_each_completion_and_stops_at_the_first_failure() {
     use std::os::fd::AsRawFd;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("many");
     let n = 600usize;
-    let mut data = vec![0u8; n * 512];
-    for (i, chunk) in data.chunks_mut(512).enumerate() {
-        chunk.fill(i as u8);
-    }
-    std::fs::write(&path, &data).unwrap();
-    let file = std::fs::File::open(&path).unwrap();
+    let file = numbered_file(dir.path(), n);
     let mut bufs: Vec<PageBuf> = (0..n).map(|_| PageBuf::new(512)).collect();
     let reqs = |bufs: &mut Vec<PageBuf>| {
         bufs.iter_mut()
@@ -147,14 +152,8 @@ fn io_uring_streams_requests_as_the_source_yields_them() {
     use std::cell::RefCell;
     use std::os::fd::AsRawFd;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("streamed");
     let n = 64usize;
-    let mut data = vec![0u8; n * 512];
-    for (i, chunk) in data.chunks_mut(512).enumerate() {
-        chunk.fill(i as u8);
-    }
-    std::fs::write(&path, &data).unwrap();
-    let file = std::fs::File::open(&path).unwrap();
+    let file = numbered_file(dir.path(), n);
     let fd = file.as_raw_fd();
     let mut bufs: Vec<PageBuf> = (0..n).map(|_| PageBuf::new(512)).collect();
     let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();

@@ -131,10 +131,11 @@ impl Batch {
     }
 
     /// The next page the read should fetch, taking misses from `next_miss` until one needs
-    /// a page not named yet (the read asks only while it has a buffer for one). A miss shares a page already named only if it was noted for
-    /// the same leaf with the same write token: the page may have been read before this
-    /// miss was probed, and an unchanged token from the first naming to the answer is
-    /// what makes that read the leaf's page all along (see the module docs).
+    /// a page not named yet (the read asks only while it has a buffer for one). A miss
+    /// shares a page already named only if it was noted for the same leaf with the same
+    /// write token: the page may have been read before this miss was probed, and an
+    /// unchanged token from the first naming to the answer is what makes that read the
+    /// leaf's page all along (see the module docs).
     fn next_page(&mut self, mut next_miss: impl FnMut() -> Option<Miss>) -> Option<u64> {
         loop {
             let mut m = next_miss()?;
