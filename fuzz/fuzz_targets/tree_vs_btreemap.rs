@@ -1,5 +1,5 @@
-//! The whole tree against `BTreeMap`: arbitrary sequences of insert, remove, get, range scans
-//! (any bounds, stepped from either end in any interleaving), checkpoint and close+reopen,
+//! The whole tree against `BTreeMap`: arbitrary sequences of insert, remove, get, get_many, range
+//! scans (any bounds, stepped from either end in any interleaving), checkpoint and close+reopen,
 //! on a file-backed tree with a 256 KiB cache and 4 KiB pages, so eviction, mini-page growth,
 //! merges, splits and leaf removal run after a few dozen operations. Every answer must equal
 //! the model's.
@@ -78,6 +78,14 @@ enum Op {
         count: u8,
     },
     Get(Key),
+    /// `get_many` of `key` and `count % 48` small keys from `start`, `step % 64 + 1` apart
+    /// (many leaves, so its reads of pages the cache misses run streamed, over batches).
+    GetMany {
+        key: Key,
+        start: u16,
+        step: u8,
+        count: u8,
+    },
     /// A scan over (lo, hi); each bit of `steps` (low first, `count % 40` of them) takes the
     /// next record from the front (0) or the back (1).
     Range {
@@ -199,6 +207,25 @@ fuzz_target!(|ops: Vec<Op>| {
                 let k = key.bytes();
                 let got = t.get(&k).unwrap_or_else(|e| panic!("op {n}: get: {e}"));
                 assert_eq!(got.as_ref(), model.get(&k), "op {n}: get {k:?}");
+            }
+            Op::GetMany {
+                key,
+                start,
+                step,
+                count,
+            } => {
+                let keys: Vec<Vec<u8>> =
+                    std::iter::once(key.bytes())
+                        .chain((0..u32::from(*count % 48)).map(|i| {
+                            small_key(u32::from(*start) + i * (u32::from(*step % 64) + 1))
+                        }))
+                        .collect();
+                let got = t.get_many(&keys);
+                assert_eq!(got.len(), keys.len(), "op {n}: get_many");
+                for (k, g) in keys.iter().zip(got) {
+                    let g = g.unwrap_or_else(|e| panic!("op {n}: get_many: {e}"));
+                    assert_eq!(g.as_ref(), model.get(k), "op {n}: get_many {k:?}");
+                }
             }
             Op::Range {
                 lo,
