@@ -23,7 +23,8 @@
 //! running then would have answered. Otherwise, and for a read that fails, the key is
 //! looked up on its own, so each key gets exactly the answer or error a `get` would.
 //! Nothing is cached from the reads (no promotion). The page buffers are kept for the
-//! thread's next call (up to `BATCH` of them), so a read neither allocates nor zeroes them.
+//! thread's next call (up to `BATCH` of them), so a read neither allocates nor zeroes them;
+//! a thread starts with `FIRST_BUFS` and doubles them whenever a read uses all it has.
 
 use std::cell::RefCell;
 
@@ -41,6 +42,9 @@ use crate::sync;
 /// Keys whose leaves a batch prefetches together before looking them up
 /// (`Shared::prefetch_leaves`): enough misses in flight to cover memory's latency.
 const WAVE: usize = 32;
+
+/// Page buffers a thread's first read is offered (see `get_many_in`).
+const FIRST_BUFS: usize = 4;
 
 thread_local! {
     /// Page buffers of this thread's last batch, reused by the next.
@@ -175,15 +179,19 @@ impl Shared {
                 let mut bufs = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
                 bufs.retain(|b| b.len() == self.page_size());
                 let mut batch = Batch::default();
+                // The buffers grow with the misses, so a thread whose keys the cache
+                // answers keeps few: a read that took all it was offered offers twice as
+                // many next time, up to `BATCH`.
+                let mut cap = bufs.len().clamp(FIRST_BUFS, BATCH);
                 loop {
                     // At most one page per key left.
                     let left = keys.len() - walk.done + walk.wave.len() - walk.probed;
-                    let want = left.min(BATCH);
+                    let want = left.min(cap);
                     if want == 0 {
                         break;
                     }
                     if bufs.len() < want {
-                        bufs.resize_with(want, || PageBuf::new(self.page_size()));
+                        bufs.resize_with(cap, || PageBuf::new(self.page_size()));
                     }
                     batch.start();
                     let before = (walk.done, walk.probed);
@@ -208,6 +216,12 @@ impl Shared {
                     }
                     if walk.finished() {
                         break;
+                    }
+                    if batch.pages.len() == cap {
+                        cap = (cap * 2).min(BATCH);
+                    }
+                    if bufs.len() < cap {
+                        bufs.resize_with(cap, || PageBuf::new(self.page_size()));
                     }
                 }
                 bufs.truncate(BATCH);
