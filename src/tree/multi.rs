@@ -190,7 +190,7 @@ impl Shared {
                     if want == 0 {
                         break;
                     }
-                    if bufs.len() < want {
+                    if bufs.len() < cap {
                         bufs.resize_with(cap, || PageBuf::new(self.page_size()));
                     }
                     batch.start();
@@ -219,9 +219,6 @@ impl Shared {
                     }
                     if batch.pages.len() == cap {
                         cap = (cap * 2).min(BATCH);
-                    }
-                    if bufs.len() < cap {
-                        bufs.resize_with(cap, || PageBuf::new(self.page_size()));
                     }
                 }
                 bufs.truncate(BATCH);
