@@ -63,6 +63,10 @@ struct Args {
     /// Log segment file size (default: `Config`'s).
     #[arg(long, value_parser = parse_size)]
     log_segment: Option<usize>,
+    /// Write buffered leaves back once writes have paused this many milliseconds, or `off`
+    /// (`Config::idle_write_back`; default: `Config`'s, 50).
+    #[arg(long, value_parser = parse_idle)]
+    idle_write_back: Option<Idle>,
     /// Leaf page size: bytes, or with a K suffix (default: `Config`'s, 8 KiB).
     #[arg(long, value_parser = parse_size)]
     page_size: Option<usize>,
@@ -144,6 +148,21 @@ fn parse_size(s: &str) -> Result<usize, String> {
         .ok()
         .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| format!("`{s}` is not a size like 4096, 64K, 32M or 1G"))
+}
+
+/// An `--idle-write-back` value: the pause, or none (off).
+#[derive(Debug, Clone, Copy)]
+struct Idle(Option<Duration>);
+
+/// Parses `off` or a number of milliseconds.
+fn parse_idle(s: &str) -> Result<Idle, String> {
+    if s.trim() == "off" {
+        return Ok(Idle(None));
+    }
+    s.trim()
+        .parse::<u64>()
+        .map(|ms| Idle(Some(Duration::from_millis(ms))))
+        .map_err(|_| format!("`{s}`: expected `off` or milliseconds"))
 }
 
 /// What one phase measured.
@@ -465,6 +484,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     }
     if let Some(bytes) = args.page_size {
         config = config.page_size(bytes);
+    }
+    if let Some(Idle(pause)) = args.idle_write_back {
+        config = config.idle_write_back(pause);
     }
     let engine = Bfkv(Tree::open(config)?);
     let raw = args.records * (args.key_size + args.value_size) as u64;
