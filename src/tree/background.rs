@@ -191,9 +191,10 @@ fn run_checkpointer(tree: &Shared, control: &Control) {
 /// It waits for writes only, not for lookups that read from disk, though its reads and
 /// writes share the device with theirs: giving way to those lookups as well moves the cost
 /// rather than removing it. On YCSB after a 5M-record load into a 32 MiB cache on direct
-/// I/O, it makes the lookups of the 10 s after the load about a fifth faster and a YCSB-A
-/// after 20 s of lookups about an eighth slower, which finds the load's leaves still dirty
-/// and writes them back as it evicts them (`ycsb --idle-write-back off` shows that side).
+/// I/O, giving way makes the lookups of the 10 s after the load about a fifth faster and a
+/// YCSB-A after 20 s of lookups about an eighth slower: A finds the load's leaves still
+/// dirty and writes them back as it evicts them (`ycsb --idle-write-back off` shows that
+/// side).
 struct IdleWriter {
     pause: Duration,
     /// The count last seen, and when it was first seen.
