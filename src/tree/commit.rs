@@ -534,7 +534,9 @@ impl Shared {
         let (low, high) = path.bounds();
         let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref(), false);
         if groups.len() == 1 {
-            let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
+            let bounds = (low.as_deref(), high.as_deref());
+            let size = self.written_mirror_size(&after, bounds, self.caches_whole_leaves());
+            let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
                 return Ok(Step::Restart(Restart::NeedSpace));
             };
             if node::build(

@@ -447,6 +447,19 @@ impl Shared {
                     }
                 };
                 if result.is_err() {
+                    // A mirror in a block smaller than a page (`mirror_size`, or a split
+                    // while whole leaves are cached) grows by a quarter, as a mini-page
+                    // does: one copy, where a rebuild decodes and re-encodes every record.
+                    let page_size = self.page_size();
+                    let need = needed(node.as_ref(), key, value);
+                    if size < page_size && need <= page_size {
+                        let grown = crate::pool::block_size_for((size + size / 4).max(need))
+                            .map_or(page_size, |g| g.min(page_size));
+                        match self.grow(page, grown) {
+                            Step::Done(()) => continue,
+                            Step::Restart(r) => return Ok(Step::Restart(r)),
+                        }
+                    }
                     let mut records = node_records(node.as_ref());
                     apply(&mut records, key, new_value(value, kind));
                     return self.rebuild_leaf(path, page, key, &records);

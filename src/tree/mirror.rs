@@ -73,9 +73,9 @@ impl Shared {
     /// class that holds them, or `None` if they need more than a page (exactly when
     /// `leaf_groups` would cut them). Leaves filled by random inserts are about 70 %
     /// full, so whole-page mirrors left a 282 MiB cache short of 5M records (16 B keys and
-    /// values) that fit it this way (`BFKV_CENSUS`). A write that does not fit rebuilds the
-    /// mirror as a whole page (`rebuild_leaf`). Mirrors made for writes (`to_mirror`) take a
-    /// page from the start: the writes that filled the mini-page keep coming.
+    /// values) that fit it this way (`BFKV_CENSUS`). A write that does not fit grows the
+    /// mirror by a quarter, up to a page (`leaf.rs`); past a page the leaf splits. Mirrors
+    /// made for writes take `written_mirror_size`.
     fn mirror_size(
         &self,
         records: &[Record],
@@ -85,6 +85,32 @@ impl Shared {
         let page = self.page_size();
         let need = node::built_len(records, page, low, high);
         (need <= page).then(|| crate::pool::block_size_for(need).map_or(page, |s| s.min(page)))
+    }
+
+    /// The block a mirror built for writes (`to_mirror`, `split_into`, a batch's rebuild)
+    /// takes for `records` between `bounds`. A page, with room for the writes that keep
+    /// coming; but while the cache holds whole leaves (`whole`), the smallest size class
+    /// holding a quarter more than they need, which a write that does not fit grows by a
+    /// quarter (`leaf.rs`). Leaves filled by random inserts are about 70 % full, so page-sized
+    /// blocks overfill a cache sized for every leaf in its class: loading 5M records (16 B
+    /// keys and values) into 281 MiB that way evicted 2.6k leaves, which the lookups after
+    /// the load then read back one at a time.
+    pub(super) fn written_mirror_size(
+        &self,
+        records: &[Record],
+        (low, high): (Option<&[u8]>, Option<&[u8]>),
+        whole: bool,
+    ) -> usize {
+        let page = self.page_size();
+        if !whole {
+            return page;
+        }
+        let need = node::built_len(records, page, low, high);
+        match crate::pool::block_size_for(need + need / 4) {
+            // A node smaller than a page may keep a shorter prefix (`max_prefix_len`).
+            Some(size) if size < page && node::built_len(records, size, low, high) <= size => size,
+            _ => page,
+        }
     }
 
     /// Merges the mini-page with its disk leaf into a full-page mirror (paper §5.5), or
@@ -113,7 +139,12 @@ impl Shared {
                 .split_into(path, page, &key, &records, &groups, disk)?
                 .then_retry());
         }
-        let Some(mut block) = self.pool().alloc(self.page_size(), page.page_id()) else {
+        let size = self.written_mirror_size(
+            &records,
+            (low.as_deref(), high.as_deref()),
+            self.caches_whole_leaves(),
+        );
+        let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
             return Ok(Step::Restart(Restart::NeedSpace));
         };
         let built = node::build(
@@ -256,20 +287,39 @@ impl Shared {
         } else {
             None
         };
+        let (low, high) = path.bounds();
+        // Each group's bounds: the leaf's own low bound, then each group's low key.
+        let bounds: Vec<_> = (0..groups.len())
+            .map(|g| {
+                let gl = if g == 0 {
+                    low.as_deref()
+                } else {
+                    groups[g].1.as_deref()
+                };
+                let gh = match groups.get(g + 1) {
+                    Some((_, next)) => next.as_deref(),
+                    None => high.as_deref(),
+                };
+                (gl, gh)
+            })
+            .collect();
+        let whole = self.caches_whole_leaves();
+        let size =
+            |g: usize| self.written_mirror_size(&records[groups[g].0.clone()], bounds[g], whole);
         // Allocate everything first so a full buffer leaves the tree unchanged.
-        let Some(first) = self.pool().alloc(self.page_size(), page.page_id()) else {
+        let Some(first) = self.pool().alloc(size(0), page.page_id()) else {
             return Ok(Step::Restart(Restart::NeedSpace));
         };
         let mut blocks = vec![first];
         let mut new_pages: Vec<WriteGuard<'_>> = Vec::new();
-        for _ in 1..groups.len() {
+        for g in 1..groups.len() {
             let Some(new_page) = self.pool().insert_page(Location::Disk(NO_PAGE)) else {
                 for p in new_pages {
                     p.remove();
                 }
                 return Err(Error::too_many_leaves());
             };
-            if let Some(b) = self.pool().alloc(self.page_size(), new_page.page_id()) {
+            if let Some(b) = self.pool().alloc(size(g), new_page.page_id()) {
                 blocks.push(b);
                 new_pages.push(new_page);
             } else {
@@ -280,18 +330,9 @@ impl Shared {
                 return Ok(Step::Restart(Restart::NeedSpace));
             }
         }
-        let (low, high) = path.bounds();
         let mut entries = Vec::with_capacity(groups.len());
-        for (g, ((range, glow), block)) in groups.iter().zip(blocks.iter_mut()).enumerate() {
-            let gl = if g == 0 {
-                low.as_deref()
-            } else {
-                glow.as_deref()
-            };
-            let gh = match groups.get(g + 1) {
-                Some((_, next)) => next.as_deref(),
-                None => high.as_deref(),
-            };
+        for (g, ((range, _), block)) in groups.iter().zip(blocks.iter_mut()).enumerate() {
+            let (gl, gh) = bounds[g];
             if node::build(
                 block.bytes_mut(),
                 NodeKind::Leaf,
@@ -430,3 +471,7 @@ impl Shared {
         self.counters().count(Event::LeafRemoved);
     }
 }
+
+#[cfg(all(test, not(shuttle)))]
+#[path = "mirror_tests.rs"]
+mod tests;
