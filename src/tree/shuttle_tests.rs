@@ -696,11 +696,17 @@ fn splits_elsewhere_restart_no_reader() {
     let index = tree.shared().index();
     let leaves = index.leaves();
     assert!(leaves.len() >= 2, "setup made one leaf");
-    let first_high = leaves[1].0.clone();
+    // The index holds stored keys (behind the default keyspace's prefix).
+    let first_high = super::keyspace::user_key(&leaves[1].0).to_vec();
     let first: Vec<Kv> = expected
         .range(..first_high.clone())
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    assert!(
+        first.len() > 1,
+        "the first leaf holds {} records",
+        first.len()
+    );
     let splits = tree.stats().splits;
     let writer = {
         let tree = tree.clone();
