@@ -26,7 +26,7 @@ pub struct Stats {
     pub promotions: u64,
     /// Mini-pages merged with their leaf into a full-page mirror.
     pub merges: u64,
-    /// Mini-pages moved to a larger block.
+    /// Mini-pages, and mirrors in blocks smaller than a page, moved to a larger block.
     pub mini_grows: u64,
     /// Mini-pages copied to the tail of the buffer from its copy-on-access region.
     pub copied_to_tail: u64,
