@@ -535,7 +535,7 @@ impl Shared {
         let groups = self.leaf_groups(&after, low.as_deref(), high.as_deref(), false);
         if groups.len() == 1 {
             let bounds = (low.as_deref(), high.as_deref());
-            let size = self.written_mirror_size(&after, bounds, self.caches_whole_leaves());
+            let size = self.written_mirror_size(&after, bounds);
             let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
                 return Ok(Step::Restart(Restart::NeedSpace));
             };

@@ -89,20 +89,19 @@ impl Shared {
 
     /// The block a mirror built for writes (`to_mirror`, `split_into`, a batch's rebuild)
     /// takes for `records` between `bounds`. A page, with room for the writes that keep
-    /// coming; but while the cache holds whole leaves (`whole`), the smallest size class
-    /// holding a quarter more than they need, which a write that does not fit grows by a
-    /// quarter (`leaf.rs`). Leaves filled by random inserts are about 70 % full, so page-sized
-    /// blocks overfill a cache sized for every leaf in its class: loading 5M records (16 B
-    /// keys and values) into 281 MiB that way evicted 2.6k leaves, which the lookups after
-    /// the load then read back one at a time.
+    /// coming; but while the cache holds whole leaves (`whole_leaves.rs`), the smallest size
+    /// class holding a quarter more than they need, which a write that does not fit grows by
+    /// a quarter (`leaf.rs`). Leaves filled by random inserts are about 70 % full, so
+    /// page-sized blocks overfill a cache sized for every leaf in its class: loading 5M
+    /// records (16 B keys and values) into 281 MiB that way evicted 2.6k leaves, which the
+    /// lookups after the load then read back one at a time.
     pub(super) fn written_mirror_size(
         &self,
         records: &[Record],
         (low, high): (Option<&[u8]>, Option<&[u8]>),
-        whole: bool,
     ) -> usize {
         let page = self.page_size();
-        if !whole {
+        if !self.caches_whole_leaves() {
             return page;
         }
         let need = node::built_len(records, page, low, high);
@@ -139,11 +138,7 @@ impl Shared {
                 .split_into(path, page, &key, &records, &groups, disk)?
                 .then_retry());
         }
-        let size = self.written_mirror_size(
-            &records,
-            (low.as_deref(), high.as_deref()),
-            self.caches_whole_leaves(),
-        );
+        let size = self.written_mirror_size(&records, (low.as_deref(), high.as_deref()));
         let Some(mut block) = self.pool().alloc(size, page.page_id()) else {
             return Ok(Step::Restart(Restart::NeedSpace));
         };
@@ -303,9 +298,7 @@ impl Shared {
                 (gl, gh)
             })
             .collect();
-        let whole = self.caches_whole_leaves();
-        let size =
-            |g: usize| self.written_mirror_size(&records[groups[g].0.clone()], bounds[g], whole);
+        let size = |g: usize| self.written_mirror_size(&records[groups[g].0.clone()], bounds[g]);
         // Allocate everything first so a full buffer leaves the tree unchanged.
         let Some(first) = self.pool().alloc(size(0), page.page_id()) else {
             return Ok(Step::Restart(Restart::NeedSpace));
