@@ -217,6 +217,40 @@ fn remove_and_compact() {
 }
 
 #[test]
+fn all_exist_asks_each_records_kind() {
+    let kinds = [
+        RecordKind::Insert,
+        RecordKind::Cache,
+        RecordKind::Tombstone,
+        RecordKind::Phantom,
+        RecordKind::Upsert,
+    ];
+    let mut b = buf(2048);
+    let mut n = NodeMut::init(&mut b, NodeKind::Mini, Some(b"k00"), Some(b"k99"));
+    // Runs of existing records between the absent ones, every kind at several places.
+    for i in 0..40u8 {
+        let kind = if i % 7 == 3 {
+            kinds[2 + usize::from(i) % 2]
+        } else {
+            kinds[usize::from(i) % 5]
+        };
+        n.upsert(format!("k{i:02}").as_bytes(), &[i; 4], kind)
+            .unwrap();
+    }
+    let r = n.as_ref();
+    let mut absent = 0;
+    for from in 0..=r.len() {
+        for to in from..=r.len() {
+            let want = (from..to).all(|i| r.record_kind(i).exists());
+            assert_eq!(r.all_exist(from..to), want, "{from}..{to}");
+            absent += usize::from(!want);
+        }
+    }
+    assert!(absent > 100, "too few ranges with an absent record");
+    assert!(r.all_exist(0..0) && r.all_exist(r.len()..r.len() + 5));
+}
+
+#[test]
 fn remove_of_the_lowest_bytes_shrinks_the_data_region() {
     let mut b = buf(128);
     let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);

@@ -97,7 +97,7 @@ impl Copied {
         }
         let n = NodeRef::from_bytes(node);
         let span = span_of(n, start, end);
-        if !span.clone().all(|i| n.record_kind(i).exists()) {
+        if !n.all_exist(span.clone()) {
             return false;
         }
         let prefix = n.prefix();
