@@ -235,6 +235,8 @@ impl Blobs {
     }
 
     /// The reference `stored` is, if this tree stores values out of line and it is one.
+    /// Inlined: a scan asks it of every value it lends, and most trees have no blob file.
+    #[inline]
     pub(crate) fn decode(&self, stored: &[u8]) -> Option<BlobRef> {
         self.file.as_ref()?;
         BlobRef::decode(stored)

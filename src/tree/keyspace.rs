@@ -75,7 +75,8 @@ impl Prefix {
         }
     }
 
-    /// The prefix bytes.
+    /// The prefix bytes (inlined: a scan strips them from every key it lends).
+    #[inline]
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
@@ -222,6 +223,7 @@ impl Space {
     }
 
     /// Its prefix.
+    #[inline]
     pub(crate) fn prefix(&self) -> Prefix {
         self.prefix
     }
