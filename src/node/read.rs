@@ -301,8 +301,9 @@ impl<'a> NodeRef<'a> {
     /// reading as Insert as in `record_kind`). One branch-free pass over the metas' kind
     /// fields, which the compiler vectorizes: a scan asks this of most of a leaf.
     pub(crate) fn all_exist(&self, range: std::ops::Range<usize>) -> bool {
-        let range = range.start.min(self.len())..range.end.min(self.len());
-        let metas = &self.buf[meta_at(range.start + FENCES)..meta_at(range.end + FENCES)];
+        let end = range.end.min(self.len());
+        let start = range.start.min(end);
+        let metas = &self.buf[meta_at(start + FENCES)..meta_at(end + FENCES)];
         // Tombstone (2) and Phantom (3) are the kinds that do not exist: kind & 0b110 == 2.
         !metas.chunks_exact(META_SIZE).fold(false, |absent, m| {
             absent | ((read_u64(m, 0) >> 45) & 3 == 1)

@@ -248,6 +248,9 @@ fn all_exist_asks_each_records_kind() {
     }
     assert!(absent > 100, "too few ranges with an absent record");
     assert!(r.all_exist(0..0) && r.all_exist(r.len()..r.len() + 5));
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = 5..3;
+    assert!(r.all_exist(backwards), "an empty range, however written");
 }
 
 #[test]
