@@ -6,6 +6,15 @@ use crate::Limits;
 /// A pair of optional bounds.
 type Bounds<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
 
+/// Every record kind.
+const KINDS: [RecordKind; 5] = [
+    RecordKind::Insert,
+    RecordKind::Cache,
+    RecordKind::Tombstone,
+    RecordKind::Phantom,
+    RecordKind::Upsert,
+];
+
 /// A node buffer of `size` bytes.
 fn buf(size: usize) -> Vec<u8> {
     vec![0xEE; size]
@@ -218,21 +227,14 @@ fn remove_and_compact() {
 
 #[test]
 fn all_exist_asks_each_records_kind() {
-    let kinds = [
-        RecordKind::Insert,
-        RecordKind::Cache,
-        RecordKind::Tombstone,
-        RecordKind::Phantom,
-        RecordKind::Upsert,
-    ];
     let mut b = buf(2048);
     let mut n = NodeMut::init(&mut b, NodeKind::Mini, Some(b"k00"), Some(b"k99"));
     // Runs of existing records between the absent ones, every kind at several places.
     for i in 0..40u8 {
         let kind = if i % 7 == 3 {
-            kinds[2 + usize::from(i) % 2]
+            KINDS[2 + usize::from(i) % 2]
         } else {
-            kinds[usize::from(i) % 5]
+            KINDS[usize::from(i) % 5]
         };
         n.upsert(format!("k{i:02}").as_bytes(), &[i; 4], kind)
             .unwrap();
@@ -353,14 +355,7 @@ fn limits_max_key_and_record_fit_a_leaf_with_any_fences() {
 fn kinds_ref_bits_and_tree_flags() {
     let mut b = buf(256);
     let mut n = NodeMut::init(&mut b, NodeKind::Mini, None, None);
-    let kinds = [
-        RecordKind::Insert,
-        RecordKind::Cache,
-        RecordKind::Tombstone,
-        RecordKind::Phantom,
-        RecordKind::Upsert,
-    ];
-    for (i, k) in kinds.iter().enumerate() {
+    for (i, k) in KINDS.iter().enumerate() {
         n.upsert(&[i as u8], b"v", *k).unwrap();
     }
     n.set_ref_bit(1, true);
