@@ -306,7 +306,7 @@ impl<'a> NodeRef<'a> {
         let metas = &self.buf[meta_at(start + FENCES)..meta_at(end + FENCES)];
         // Tombstone (2) and Phantom (3) are the kinds that do not exist: kind & 0b110 == 2.
         !metas.chunks_exact(META_SIZE).fold(false, |absent, m| {
-            absent | ((read_u64(m, 0) >> 45) & 3 == 1)
+            absent | (Meta(read_u64(m, 0)).kind() & 0b110 == 2)
         })
     }
 
