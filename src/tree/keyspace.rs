@@ -81,9 +81,11 @@ impl Prefix {
         &self.bytes[..usize::from(self.len)]
     }
 
-    /// The smallest key above every key with this prefix (`None`: no such key).
-    fn end(self) -> Option<Vec<u8>> {
-        let mut end = self.as_slice().to_vec();
+    /// The smallest key above every key with this prefix, written into `end` (`None`: no
+    /// such key).
+    fn end_in(self, mut end: Vec<u8>) -> Option<Vec<u8>> {
+        end.clear();
+        end.extend_from_slice(self.as_slice());
         while let Some(last) = end.pop() {
             if last < 0xFF {
                 end.push(last + 1);
@@ -98,21 +100,32 @@ impl Prefix {
         FullKey::new(self.as_slice(), key)
     }
 
-    /// The stored-key form of a range of this keyspace's keys.
+    /// The stored-key form of a range of this keyspace's keys, written into buffers from
+    /// `buf` (a scan passes ones kept from earlier scans).
     fn bounds<K: AsRef<[u8]>>(
         self,
         range: &impl RangeBounds<K>,
+        mut buf: impl FnMut() -> Vec<u8>,
     ) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
-        let full = |k: &K| self.key(k.as_ref()).to_vec();
+        let mut full = |parts: [&[u8]; 2]| {
+            let mut v = buf();
+            v.clear();
+            v.extend_from_slice(parts[0]);
+            v.extend_from_slice(parts[1]);
+            v
+        };
+        let prefix = self.as_slice();
         let lower = match range.start_bound() {
-            Bound::Included(k) => Bound::Included(full(k)),
-            Bound::Excluded(k) => Bound::Excluded(full(k)),
-            Bound::Unbounded => Bound::Included(self.as_slice().to_vec()),
+            Bound::Included(k) => Bound::Included(full([prefix, k.as_ref()])),
+            Bound::Excluded(k) => Bound::Excluded(full([prefix, k.as_ref()])),
+            Bound::Unbounded => Bound::Included(full([prefix, &[]])),
         };
         let upper = match range.end_bound() {
-            Bound::Included(k) => Bound::Included(full(k)),
-            Bound::Excluded(k) => Bound::Excluded(full(k)),
-            Bound::Unbounded => self.end().map_or(Bound::Unbounded, Bound::Excluded),
+            Bound::Included(k) => Bound::Included(full([prefix, k.as_ref()])),
+            Bound::Excluded(k) => Bound::Excluded(full([prefix, k.as_ref()])),
+            Bound::Unbounded => self
+                .end_in(full([&[], &[]]))
+                .map_or(Bound::Unbounded, Bound::Excluded),
         };
         (lower, upper)
     }
@@ -258,12 +271,13 @@ impl Space {
         }
     }
 
-    /// The stored-key bounds of `range` in this keyspace.
+    /// The stored-key bounds of `range` in this keyspace, written into buffers from `buf`.
     pub(crate) fn bounds<K: AsRef<[u8]>>(
         &self,
         range: &impl RangeBounds<K>,
+        buf: impl FnMut() -> Vec<u8>,
     ) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
-        self.prefix.bounds(range)
+        self.prefix.bounds(range, buf)
     }
 }
 
@@ -674,7 +688,8 @@ mod tests {
     fn bounds_cover_exactly_the_keyspace() {
         for id in [0u32, 7, 0xEF, 0xF0, 0x1FF, u32::MAX] {
             let p = Prefix::of(id);
-            let (lo, hi) = p.bounds::<&[u8]>(&(..));
+            // Buffers kept from an earlier scan still hold its bytes.
+            let (lo, hi) = p.bounds::<&[u8]>(&(..), || b"stale".to_vec());
             let inside = |k: &[u8]| {
                 let above = match &lo {
                     Bound::Included(l) => k >= l.as_slice(),
@@ -700,7 +715,10 @@ mod tests {
             }
             assert!(!inside(&Prefix::catalog().key(b"x")));
         }
-        assert_eq!(Prefix::catalog().end(), None);
+        assert_eq!(Prefix::catalog().end_in(Vec::new()), None);
+        let (lo, hi) = Prefix::of(7).bounds(&(&b"a"[..]..=&b"b"[..]), || b"stale".to_vec());
+        assert_eq!(lo, Bound::Included(vec![7, b'a']));
+        assert_eq!(hi, Bound::Included(vec![7, b'b']));
     }
 
     #[test]

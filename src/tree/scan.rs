@@ -94,6 +94,9 @@ pub struct Range<'t> {
     /// A bound's buffer no longer needed, reused for the next one (a refill allocates
     /// nothing once the buffers have grown).
     spare: Vec<u8>,
+    /// Key buffers kept from earlier iterators on this thread and not in use (the bounds
+    /// take theirs from here, so that making an iterator allocates nothing).
+    keys: Vec<Vec<u8>>,
     /// The last key yielded from the front (stored form), once one was: copied here when
     /// the buffer it came from is refilled, until then `front_buf.last_taken_front()`.
     front_last: Option<Vec<u8>>,
@@ -149,25 +152,29 @@ impl<'t> Range<'t> {
         gated: bool,
         range: R,
     ) -> Range<'t> {
-        let (lower, upper) = space.bounds(&range);
+        let ScanBuffers {
+            front: front_buf,
+            back: back_buf,
+            snapshot,
+            mut keys,
+        } = ScanBuffers::take();
+        let mut key = || keys.pop().unwrap_or_default();
+        let (lower, upper) = space.bounds(&range, &mut key);
+        let front = copy_bound(&lower, &mut key);
+        let back = copy_bound(&upper, &mut key);
+        let spare_key = key();
         let empty = match (&lower, &upper) {
             (Bound::Included(l), Bound::Included(u)) => l > u,
             (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
             | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
             _ => false,
         };
-        let ScanBuffers {
-            front: front_buf,
-            back: back_buf,
-            snapshot,
-            spare,
-        } = ScanBuffers::take();
         Range {
             tree,
             space,
             gate: gated.then_some(space),
-            front: lower.clone(),
-            back: upper.clone(),
+            front,
+            back,
             lower,
             upper,
             front_buf,
@@ -179,7 +186,8 @@ impl<'t> Range<'t> {
             back_pin: None,
             values: Values::Read,
             blob_value: Vec::new(),
-            spare,
+            spare: spare_key,
+            keys,
             front_last: None,
             back_last: None,
             front_done: empty,
@@ -202,7 +210,7 @@ impl<'t> Range<'t> {
             };
             self.front_pin = self.tree.blob_pin();
             if let Some(k) = self.front_buf.last_taken_front() {
-                remember(&mut self.front_last, k);
+                remember(&mut self.front_last, k, &mut self.keys);
             }
             self.front_buf.clear();
             self.front_buf.reserve_leaf(self.tree.page_size());
@@ -280,7 +288,7 @@ impl<'t> Range<'t> {
             };
             self.back_pin = self.tree.blob_pin();
             if let Some(k) = self.back_buf.last_taken_back() {
-                remember(&mut self.back_last, k);
+                remember(&mut self.back_last, k, &mut self.keys);
             }
             self.back_buf.clear();
             self.back_buf.reserve_leaf(self.tree.page_size());
@@ -482,11 +490,28 @@ impl std::iter::FusedIterator for Range<'_> {}
 impl Drop for Range<'_> {
     fn drop(&mut self) {
         self.tree.rewind().end_scan(self.start);
+        let mut keys = std::mem::take(&mut self.keys);
+        for bound in [
+            &mut self.lower,
+            &mut self.upper,
+            &mut self.front,
+            &mut self.back,
+        ] {
+            if let Bound::Included(k) | Bound::Excluded(k) =
+                std::mem::replace(bound, Bound::Unbounded)
+            {
+                keys.push(k);
+            }
+        }
+        keys.push(std::mem::take(&mut self.spare));
+        keys.extend(self.front_last.take());
+        keys.extend(self.back_last.take());
+        keys.retain(|k| k.capacity() > 0);
         ScanBuffers::give_back(ScanBuffers {
             front: std::mem::take(&mut self.front_buf),
             back: std::mem::take(&mut self.back_buf),
             snapshot: std::mem::take(&mut self.snapshot),
-            spare: std::mem::take(&mut self.spare),
+            keys,
         });
     }
 }
@@ -538,11 +563,27 @@ fn recycle(bound: Bound<Vec<u8>>, spare: &mut Vec<u8>) {
     }
 }
 
-/// Keeps `key` as the last one yielded from one end, in the buffer kept from the last time.
-fn remember(last: &mut Option<Vec<u8>>, key: &[u8]) {
-    let buf = last.get_or_insert_with(Vec::new);
+/// Keeps `key` as the last one yielded from one end, in the buffer kept from the last time
+/// (else one from `keys`).
+fn remember(last: &mut Option<Vec<u8>>, key: &[u8], keys: &mut Vec<Vec<u8>>) {
+    let buf = last.get_or_insert_with(|| keys.pop().unwrap_or_default());
     buf.clear();
     buf.extend_from_slice(key);
+}
+
+/// `bound`, copied into a buffer from `buf`.
+fn copy_bound(bound: &Bound<Vec<u8>>, buf: &mut impl FnMut() -> Vec<u8>) -> Bound<Vec<u8>> {
+    let mut copy = |k: &[u8]| {
+        let mut v = buf();
+        v.clear();
+        v.extend_from_slice(k);
+        v
+    };
+    match bound {
+        Bound::Included(k) => Bound::Included(copy(k)),
+        Bound::Excluded(k) => Bound::Excluded(copy(k)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
 }
 
 impl Shared {

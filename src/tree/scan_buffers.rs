@@ -1,10 +1,10 @@
 //! The buffers a range iterator copies leaves into, kept per thread between iterators.
 //!
 //! Why: a scan's buffers grow to a leaf or two (the copied records, the copy of a leaf read
-//! without its lock, a bound), and an iterator made for a short scan allocated and zeroed
-//! them all again: in YCSB-E in memory (scans of 1-100 records), `malloc`, `free` and
-//! `memset` took 7 % of the time. A dropped iterator leaves its buffers here, emptied, and
-//! the next one made on the thread takes them.
+//! without its lock, its bounds), and an iterator made for a short scan allocated and
+//! zeroed them all again: in YCSB-E in memory (scans of 1-100 records), `malloc`, `free`
+//! and `memset` took 7 % of the time. A dropped iterator leaves its buffers here, emptied,
+//! and the next one made on the thread takes them.
 
 use std::cell::Cell;
 
@@ -12,6 +12,10 @@ use super::copied::Copied;
 
 /// Buffers larger than this (one scan met a huge leaf or bound) are freed, not kept.
 const KEEP_AT_MOST: usize = 256 << 10;
+
+/// Key buffers kept: what one iterator holds (its two bounds, where each end goes on, a
+/// spare, the last key yielded from each end).
+const KEEP_KEYS: usize = 8;
 
 /// What one range iterator copies into.
 #[derive(Default)]
@@ -21,8 +25,8 @@ pub(super) struct ScanBuffers {
     pub(super) back: Copied,
     /// A leaf's bytes as a refill without the leaf's lock copied them (`optimistic.rs`).
     pub(super) snapshot: Vec<u8>,
-    /// A bound's buffer no longer needed, reused for the next one.
-    pub(super) spare: Vec<u8>,
+    /// Buffers for keys: bounds, and the last keys yielded.
+    pub(super) keys: Vec<Vec<u8>>,
 }
 
 thread_local! {
@@ -40,14 +44,14 @@ impl ScanBuffers {
     /// is kept already or they grew too large.
     pub(super) fn give_back(mut buffers: ScanBuffers) {
         let b = &mut buffers;
-        if b.front.capacity() + b.back.capacity() + b.snapshot.capacity() + b.spare.capacity()
-            > KEEP_AT_MOST
-        {
+        let keys: usize = b.keys.iter().map(Vec::capacity).sum();
+        if b.front.capacity() + b.back.capacity() + b.snapshot.capacity() + keys > KEEP_AT_MOST {
             return;
         }
         b.front.clear();
         b.back.clear();
-        b.spare.clear();
+        b.keys.truncate(KEEP_KEYS);
+        b.keys.iter_mut().for_each(Vec::clear);
         // During thread exit the slot may be gone: then the buffers are just freed.
         let _ = KEPT.try_with(|kept| {
             let held = kept.take();
@@ -64,22 +68,29 @@ mod tests {
     fn buffers_come_back_emptied_and_only_one_set_is_kept() {
         let mut b = ScanBuffers::take();
         b.front.push(b"k", b"v");
-        b.spare.extend_from_slice(b"bound");
+        b.keys.push(b"bound".to_vec());
         b.snapshot.resize(4096, 7);
         let snapshot = b.snapshot.as_ptr();
         ScanBuffers::give_back(b);
         let mut again = ScanBuffers::take();
         assert_eq!(again.snapshot.as_ptr(), snapshot, "not reused");
-        assert!(again.front.is_empty() && again.spare.is_empty());
+        assert!(again.front.is_empty() && again.keys[0].is_empty());
         assert_eq!(again.front.pop_front(), None);
         // A second set while one is kept: the kept one stays.
         let mut other = ScanBuffers::take();
         other.snapshot.resize(64, 0);
         assert_ne!(other.snapshot.as_ptr(), snapshot);
-        again.spare.extend_from_slice(b"x");
+        again.keys.resize(KEEP_KEYS + 3, b"x".to_vec());
         ScanBuffers::give_back(again);
         ScanBuffers::give_back(other);
-        assert_eq!(ScanBuffers::take().snapshot.as_ptr(), snapshot);
+        let kept = ScanBuffers::take();
+        assert_eq!(kept.snapshot.as_ptr(), snapshot);
+        assert_eq!(
+            kept.keys.len(),
+            KEEP_KEYS,
+            "no more key buffers than one scan holds"
+        );
+        assert!(kept.keys.iter().all(Vec::is_empty));
     }
 
     #[test]
