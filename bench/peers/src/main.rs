@@ -159,8 +159,11 @@ fn parent(args: &Args) -> Result<(), BoxError> {
                 runs: args.runs,
                 dir: dir.clone(),
             };
+            // Before the run: the load average is the one the run starts under, and the
+            // commit the one its binaries were built from.
+            let facts = machine::facts(&dir);
             let mut report = parent::run(&opts)?;
-            report.machine = machine::facts(&dir);
+            report.machine = facts;
             let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap_or_default();
             report.engines = engines::ALL
                 .iter()
