@@ -81,11 +81,9 @@ impl Prefix {
         &self.bytes[..usize::from(self.len)]
     }
 
-    /// The smallest key above every key with this prefix, written into `end` (`None`: no
+    /// The smallest key above every key that starts with `end`, made from `end` (`None`: no
     /// such key).
-    fn end_in(self, mut end: Vec<u8>) -> Option<Vec<u8>> {
-        end.clear();
-        end.extend_from_slice(self.as_slice());
+    fn past(mut end: Vec<u8>) -> Option<Vec<u8>> {
         while let Some(last) = end.pop() {
             if last < 0xFF {
                 end.push(last + 1);
@@ -123,9 +121,9 @@ impl Prefix {
         let upper = match range.end_bound() {
             Bound::Included(k) => Bound::Included(full([prefix, k.as_ref()])),
             Bound::Excluded(k) => Bound::Excluded(full([prefix, k.as_ref()])),
-            Bound::Unbounded => self
-                .end_in(full([&[], &[]]))
-                .map_or(Bound::Unbounded, Bound::Excluded),
+            Bound::Unbounded => {
+                Prefix::past(full([prefix, &[]])).map_or(Bound::Unbounded, Bound::Excluded)
+            }
         };
         (lower, upper)
     }
@@ -715,7 +713,7 @@ mod tests {
             }
             assert!(!inside(&Prefix::catalog().key(b"x")));
         }
-        assert_eq!(Prefix::catalog().end_in(Vec::new()), None);
+        assert_eq!(Prefix::past(Prefix::catalog().as_slice().to_vec()), None);
         let (lo, hi) = Prefix::of(7).bounds(&(&b"a"[..]..=&b"b"[..]), || b"stale".to_vec());
         assert_eq!(lo, Bound::Included(vec![7, b'a']));
         assert_eq!(hi, Bound::Included(vec![7, b'b']));
