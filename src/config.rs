@@ -520,7 +520,7 @@ impl Config {
 }
 
 /// Bytes in front of every stored key: its keyspace's prefix, at most this long
-/// (`tree/keyspace.rs`).
+/// (`tree/prefix.rs`).
 pub(crate) const MAX_KEY_PREFIX: usize = 5;
 
 /// The longest value a tree with a directory stores: 64 MiB.

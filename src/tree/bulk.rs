@@ -36,10 +36,11 @@
 
 use super::evict::Action;
 use super::inner::{Bounds, Entry, Seek};
-use super::keyspace::{Prefix, Space};
+use super::keyspace::Space;
 use super::leaf::node_records;
 use super::outline::Stored;
 use super::page_batch::PageBatch;
+use super::prefix::Prefix;
 use super::scan::Range;
 use super::{Shared, FLAG_DAMAGED, NO_PAGE};
 use crate::error::{Error, Result};
@@ -518,7 +519,7 @@ impl Shared {
 mod tests {
     use crate::node::{self, NodeKind, Record, RecordKind};
     use crate::tree::crash::copy_dir;
-    use crate::tree::keyspace::stored_key;
+    use crate::tree::prefix::stored_key;
     use crate::{Config, Durability, Tree};
 
     /// A checkpoint that took its LSN before the install and its snapshot after it names

@@ -15,7 +15,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::keyspace::{Prefix, Space, CATALOG_BYTE};
+use super::keyspace::Space;
+use super::prefix::{Prefix, CATALOG_BYTE};
 use super::shared::Shared;
 use super::WriteOp;
 use crate::error::{Error, Result};

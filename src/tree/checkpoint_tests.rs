@@ -155,7 +155,7 @@ pub(super) fn recovered_with(
 
 fn leaf_of(tree: &Tree, key: &[u8]) -> PageId {
     let guard = sync::pin();
-    let key = crate::tree::keyspace::stored_key(key);
+    let key = crate::tree::prefix::stored_key(key);
     tree.shared()
         .index()
         .descend(&guard, Seek::Key(&key))

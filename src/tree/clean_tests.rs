@@ -96,7 +96,7 @@ fn a_pass_writes_back_every_leaf_reading_each_page_once() {
     assert_eq!(after.write_backs - before.write_backs, all as u64);
     assert_eq!(after.pages_written - before.pages_written, all as u64);
     // The updates stay cached, now as clean records.
-    let key0 = crate::tree::keyspace::stored_key(&key(0));
+    let key0 = crate::tree::prefix::stored_key(&key(0));
     let guard = crate::sync::pin();
     let shared = tree.shared();
     let (_, page) =

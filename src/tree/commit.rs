@@ -21,9 +21,9 @@ use std::ops::Range;
 
 use super::blob::REF_LEN;
 use super::inner::Path;
-use super::keyspace::user_key;
 use super::leaf::{apply, node_records, MINI_OVERHEAD};
 use super::outline::Stored;
+use super::prefix::user_key;
 use super::rewind::Undo;
 use super::stats::Event;
 use super::{Attempt, Restart, Shared, Step, FLAG_DAMAGED, FLAG_DIRTY, NO_PAGE};

@@ -70,7 +70,7 @@ fn leaves(tree: &Tree) -> Vec<PageId> {
     let guard = sync::pin();
     let mut out: Vec<PageId> = (0..KEYS)
         .map(|i| {
-            let k = crate::tree::keyspace::stored_key(&key(i));
+            let k = crate::tree::prefix::stored_key(&key(i));
             tree.shared().index().descend(&guard, Seek::Key(&k)).leaf()
         })
         .collect();
@@ -106,7 +106,7 @@ fn leaves_of(tree: &Tree, keys: std::ops::Range<u32>) -> Vec<PageId> {
         .filter(|&pid| {
             keys.clone().any(|i| {
                 let guard = sync::pin();
-                let k = crate::tree::keyspace::stored_key(&key(i));
+                let k = crate::tree::prefix::stored_key(&key(i));
                 tree.shared().index().descend(&guard, Seek::Key(&k)).leaf() == pid
             })
         })

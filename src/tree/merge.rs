@@ -11,8 +11,9 @@
 //! read the leaf's page to fold it. Leaf pages on disk never hold an `Upsert` record.
 
 use super::inner::Path;
-use super::keyspace::{user_key, Space};
+use super::keyspace::Space;
 use super::leaf::with_page_buf;
+use super::prefix::user_key;
 use super::{Shared, WriteOp, FLAG_DAMAGED, NO_PAGE};
 use crate::error::{Error, Result};
 

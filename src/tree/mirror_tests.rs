@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use crate::node::{NodeKind, NodeRef};
 use crate::pool::PageId;
 use crate::tree::inner::Seek;
-use crate::tree::keyspace::stored_key;
+use crate::tree::prefix::stored_key;
 use crate::{Config, Durability, Tree};
 
 fn key(i: u32) -> Vec<u8> {

@@ -77,6 +77,7 @@ mod pages;
 mod persist;
 #[cfg(all(test, not(shuttle)))]
 mod power_tests;
+mod prefix;
 mod readahead;
 mod rewind;
 mod scan;

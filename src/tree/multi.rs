@@ -30,7 +30,8 @@ use std::cell::RefCell;
 
 use super::checkpoint::BATCH;
 use super::inner::{Bounds, Seek};
-use super::keyspace::{FullKey, Space};
+use super::keyspace::Space;
+use super::prefix::FullKey;
 use super::stats::Event;
 use super::{Shared, FLAG_DAMAGED, NO_PAGE};
 use crate::error::Result;

@@ -415,7 +415,7 @@ mod tests {
         let first = open(config.clone()).expect("open");
         first
             .write(
-                &crate::tree::keyspace::stored_key(b"a"),
+                &crate::tree::prefix::stored_key(b"a"),
                 crate::tree::WriteOp::Put(b"1"),
             )
             .expect("write");
@@ -424,7 +424,7 @@ mod tests {
         let second = open(config.clone()).expect("second open");
         second
             .write(
-                &crate::tree::keyspace::stored_key(b"b"),
+                &crate::tree::prefix::stored_key(b"b"),
                 crate::tree::WriteOp::Put(b"2"),
             )
             .expect("write");

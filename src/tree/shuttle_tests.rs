@@ -697,7 +697,7 @@ fn splits_elsewhere_restart_no_reader() {
     let leaves = index.leaves();
     assert!(leaves.len() >= 2, "setup made one leaf");
     // The index holds stored keys (behind the default keyspace's prefix).
-    let first_high = super::keyspace::user_key(&leaves[1].0).to_vec();
+    let first_high = super::prefix::user_key(&leaves[1].0).to_vec();
     let first: Vec<Kv> = expected
         .range(..first_high.clone())
         .map(|(k, v)| (k.clone(), v.clone()))
