@@ -82,6 +82,7 @@ mod readahead;
 mod rewind;
 mod scan;
 mod scan_buffers;
+mod scan_locked;
 mod shared;
 #[cfg(all(test, shuttle))]
 mod shuttle_mirror_tests;

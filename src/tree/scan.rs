@@ -3,9 +3,9 @@
 //! An iterator holds no lock between calls: it remembers the next bound on each end, finds
 //! the leaf for it from the root, copies out the records in range into one reused buffer
 //! (`copied.rs`): from a validated copy of the leaf's mini-page, without its lock, when that
-//! decides the whole range (`optimistic.rs`), else under its read lock (the mini-page merged
-//! over the disk leaf: newest wins, tombstones hide). Moving
-//! to the next leaf uses the exact bound from the inner nodes, so a concurrent split or
+//! decides the whole range (`optimistic.rs`), else under its read lock (`scan_locked.rs`:
+//! the mini-page merged over the disk leaf, newest wins, tombstones hide). Moving to the
+//! next leaf uses the exact bound from the inner nodes, so a concurrent split or
 //! removal never makes it skip or repeat a key. Leaves with nothing to return are passed in
 //! a loop, never by recursion. `next_ref` lends records from that buffer; `next` copies
 //! them out. A long ascending scan reads the next leaf's page ahead (`readahead.rs`). The
@@ -14,24 +14,15 @@
 use std::ops::Bound;
 
 use super::blob::{BlobPin, BlobRef};
-use super::copied::{copy_present, fold_alone, overlay, Copied};
-use super::inner::{Path, Seek};
+use super::copied::Copied;
+use super::inner::Seek;
 use super::keyspace::{Entered, Space};
-use super::leaf::with_page_buf;
 use super::readahead::ReadAhead;
 use super::scan_buffers::ScanBuffers;
-use super::stats::Event;
-use super::{Shared, FLAG_DAMAGED, NO_PAGE};
+use super::scan_locked::Ahead;
+use super::Shared;
 use crate::error::Result;
-use crate::node::{NodeKind, NodeRef};
-use crate::pool::{Location, ReadGuard};
-use crate::store::PageBuf;
 use crate::sync;
-
-/// Most chance, in percent, that a scan keeps a leaf it read from disk as a mirror: scans
-/// were measured (YCSB-E) with the promotion default at 50 %, and a whole page for every
-/// scanned leaf was not, so raising the default for lookups did not raise this.
-const SCAN_MIRROR_MAX_PERCENT: u8 = 50;
 
 /// Leaves an ascending scan copies before it reads the next leaf ahead with the one it
 /// reads from disk (`readahead.rs`): a scan that long is probably a long one. Short scans
@@ -108,14 +99,6 @@ pub struct Range<'t> {
     /// The last batch number when the scan started: later batches are kept out of what it
     /// yields (`rewind.rs`).
     start: super::rewind::ScanStart,
-}
-
-/// What an ascending refill passes for read-ahead: its state, the epoch guard it walked the
-/// inner nodes under, and the next leaf's low bound when the range goes on past this leaf.
-struct Ahead<'a, 'g> {
-    read: &'a mut ReadAhead,
-    guard: &'g sync::EpochGuard,
-    next: Option<&'a [u8]>,
 }
 
 /// What a scan yields for a value stored out of line.
@@ -583,81 +566,6 @@ fn copy_bound(bound: &Bound<Vec<u8>>, buf: &mut impl FnMut() -> Vec<u8>) -> Boun
         Bound::Included(k) => Bound::Included(copy(k)),
         Bound::Excluded(k) => Bound::Excluded(copy(k)),
         Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
-impl Shared {
-    /// Copies out a read-locked leaf's records between `start` and `end`, ascending, into
-    /// `out`.
-    fn collect_leaf(
-        &self,
-        path: &Path<'_>,
-        page: ReadGuard<'_>,
-        start: &Bound<Vec<u8>>,
-        end: &Bound<Vec<u8>>,
-        out: &mut Copied,
-        ahead: Option<Ahead<'_, '_>>,
-    ) -> Result<()> {
-        let (over, disk) = match page.mini() {
-            Some(bytes) => {
-                let node = NodeRef::from_bytes(bytes);
-                if node.kind() == NodeKind::Leaf {
-                    self.counters().count(Event::CacheHit);
-                    copy_present(node, start, end, out);
-                    return Ok(());
-                }
-                (Some(node), node.disk_page())
-            }
-            None => match page.location() {
-                Location::Disk(p) => (None, Some(p)),
-                Location::Mini(_) => (None, None),
-            },
-        };
-        let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
-            if let Some(node) = over {
-                fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
-            }
-            return Ok(());
-        };
-        self.counters().count(Event::CacheMiss);
-        let pid = page.page_id();
-        let copy = |buf: &PageBuf| {
-            let leaf = self.check_leaf_of(path, disk, buf)?;
-            if leaf.flags() & FLAG_DAMAGED != 0 {
-                return Err(self
-                    .storage()
-                    .corruption(Some(disk), "the scan crosses a damaged leaf"));
-            }
-            // The mini-page again: `page` moves into the upgrade below.
-            let over = page.mini().map(NodeRef::from_bytes);
-            overlay(leaf, over, start, end, out, |k, b, ops| {
-                self.fold(k, b, ops)
-            })?;
-            if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
-                > super::leaf::percent_roll()
-            {
-                if let Ok(mut w) = page.try_upgrade() {
-                    if self.mirror_read_leaf(path, &mut w, leaf, disk) {
-                        self.counters().count(Event::ScanMirror);
-                    }
-                }
-            }
-            Ok(())
-        };
-        if let Some(Ahead { read, guard, next }) = ahead {
-            if let Some(buf) = read.take(self, pid, disk) {
-                return copy(buf);
-            }
-            if let Some(next) = next.and_then(|key| self.next_on_disk(guard, key)) {
-                if let Some(buf) = read.read_both(self, disk, next) {
-                    return copy(buf);
-                }
-            }
-        }
-        with_page_buf(self.page_size(), |buf| {
-            self.storage().read_page(disk, buf)?;
-            copy(buf)
-        })
     }
 }
 
