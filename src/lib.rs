@@ -32,6 +32,7 @@ compile_error!("bfkv supports 64-bit targets only");
 
 mod config;
 mod error;
+mod limits;
 pub(crate) mod node;
 mod pool;
 pub(crate) mod store;
@@ -40,8 +41,9 @@ mod sys;
 mod tree;
 mod wal;
 
-pub use config::{Config, Durability, IoBackend, Limits};
+pub use config::{Config, Durability, IoBackend};
 pub use error::{Error, Result};
+pub use limits::Limits;
 pub use tree::{Batch, Keyspace, Range, Stats, Tree};
 
 /// Entry points into the lower layers for the fuzz targets (`--cfg fuzzing`, set by `cargo

@@ -7,8 +7,9 @@ use super::persist;
 use super::scan::Range;
 use super::shared::Shared;
 use super::stats::Stats;
-use crate::config::{Config, Limits};
+use crate::config::Config;
 use crate::error::Result;
+use crate::limits::Limits;
 
 /// A concurrent, persistent ordered key-value map. See the crate docs for an overview.
 ///

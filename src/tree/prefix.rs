@@ -8,7 +8,7 @@
 use std::ops::{Bound, Deref, RangeBounds};
 
 /// Most bytes a keyspace prefix takes.
-pub(crate) const MAX_PREFIX: usize = crate::config::MAX_KEY_PREFIX;
+pub(crate) const MAX_PREFIX: usize = crate::limits::MAX_KEY_PREFIX;
 
 /// First byte of every catalog key; no keyspace prefix starts with it.
 pub(crate) const CATALOG_BYTE: u8 = 0xFF;
