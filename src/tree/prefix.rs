@@ -44,7 +44,7 @@ impl Prefix {
 
     /// The catalog's prefix.
     #[cfg(test)]
-    pub(super) fn catalog() -> Prefix {
+    fn catalog() -> Prefix {
         Prefix::raw(&[CATALOG_BYTE])
     }
 
@@ -66,7 +66,7 @@ impl Prefix {
 
     /// The smallest key above every key that starts with `end`, made from `end` (`None`: no
     /// such key).
-    pub(super) fn past(mut end: Vec<u8>) -> Option<Vec<u8>> {
+    fn past(mut end: Vec<u8>) -> Option<Vec<u8>> {
         while let Some(last) = end.pop() {
             if last < 0xFF {
                 end.push(last + 1);
