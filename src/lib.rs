@@ -340,7 +340,7 @@ pub mod internals {
         }
     }
 
-    pub use crate::tree::crash::{CrashCut, CrashOp, CrashOutcome};
+    pub use crate::tree::persist::crash::{CrashCut, CrashOp, CrashOutcome};
 
     /// Fuzz entry for crash recovery: runs `ops` on a fresh tree (64 KiB cache, 8 KiB log
     /// segments, `Durability::Sync`) over emulated disks that lose power at `cut`, reopens
@@ -348,7 +348,7 @@ pub mod internals {
     /// operations (or those plus the one in flight), every point lookup agrees, and the
     /// recovered tree accepts a write.
     pub fn crash_recovery_check(ops: &[CrashOp], cut: CrashCut) -> CrashOutcome {
-        crate::tree::crash::scenario(ops, cut, 1, "crash_recovery")
+        crate::tree::persist::crash::scenario(ops, cut, 1, "crash_recovery")
     }
 
     /// Fuzz entry for the log decoder: arbitrary bytes as a segment (or a damaged valid one)

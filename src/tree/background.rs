@@ -21,10 +21,10 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::page_batch::PageBatch;
-use super::Shared;
 use crate::pool::PageId;
 use crate::sync::{AtomicBool, Ordering};
+use crate::tree::writeback::PageBatch;
+use crate::tree::Shared;
 
 /// How long an idle evictor sleeps before checking the buffer again, rung or not. Every
 /// operation that may take buffer room rings when the buffer is short of it
@@ -309,14 +309,14 @@ mod tests {
 
     /// A tree whose config asks for evictors but runs none, so a ring stays pending and
     /// can be seen.
-    fn tree_without_evictor_threads(dir: &std::path::Path) -> super::super::Tree {
+    fn tree_without_evictor_threads(dir: &std::path::Path) -> crate::tree::Tree {
         let config = crate::Config::new(dir)
             .cache_size(256 << 10)
             .durability(crate::Durability::None)
             .evictor_threads(1)
             .idle_write_back(None);
-        let shared = Arc::new(super::super::persist::open(config).expect("open"));
-        super::super::Tree::from_shared(shared, 0)
+        let shared = Arc::new(crate::tree::persist::open(config).expect("open"));
+        crate::tree::Tree::from_shared(shared, 0)
     }
 
     #[test]

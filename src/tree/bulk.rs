@@ -34,23 +34,23 @@
 //! under every `Durability`. Until that checkpoint's file replaces the last one, a crash
 //! recovers from the last one, which names none of the new pages.
 
-use super::evict::Action;
-use super::inner::{Bounds, Entry, Seek};
-use super::keyspace::Space;
-use super::leaf::node_records;
-use super::outline::Stored;
-use super::page_batch::PageBatch;
-use super::prefix::Prefix;
-use super::scan::Range;
-use super::{Shared, FLAG_DAMAGED, NO_PAGE};
 use crate::error::{Error, Result};
 use crate::node::{self, NodeKind, NodeRef, Record, RecordKind};
 use crate::pool::{Location, WriteGuard};
 use crate::store::PageStore;
 use crate::sync;
+use crate::tree::blob::Stored;
+use crate::tree::cache::node_records;
+use crate::tree::index::{Bounds, Entry, Seek};
+use crate::tree::keyspace::Prefix;
+use crate::tree::keyspace::Space;
+use crate::tree::read::Range;
+use crate::tree::writeback::Action;
+use crate::tree::writeback::PageBatch;
+use crate::tree::{Shared, FLAG_DAMAGED, NO_PAGE};
 
 /// Leaves written with one `write_batch`: as many as a checkpoint pass writes at once.
-const BATCH: usize = super::checkpoint::BATCH;
+const BATCH: usize = crate::tree::writeback::BATCH;
 
 /// Pages' worth of record bytes the window gathers before it is cut: several leaves per
 /// cut, so that re-cutting the two it keeps costs little.
@@ -518,8 +518,8 @@ impl Shared {
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use crate::node::{self, NodeKind, Record, RecordKind};
-    use crate::tree::crash::copy_dir;
-    use crate::tree::prefix::stored_key;
+    use crate::tree::keyspace::stored_key;
+    use crate::tree::persist::copy_dir;
     use crate::{Config, Durability, Tree};
 
     /// A checkpoint that took its LSN before the install and its snapshot after it names

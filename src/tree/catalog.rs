@@ -15,12 +15,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::keyspace::Space;
-use super::prefix::{Prefix, CATALOG_BYTE};
-use super::shared::Shared;
-use super::WriteOp;
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
+use crate::tree::keyspace::Space;
+use crate::tree::keyspace::{Prefix, CATALOG_BYTE};
+use crate::tree::shared::Shared;
+use crate::tree::WriteOp;
 use crate::wal::Appended;
 
 /// Key of the next id.
@@ -188,11 +188,12 @@ impl Shared {
         let space = Space::new(id, String::new());
         let prefix = space.prefix();
         loop {
-            let keys: Vec<Vec<u8>> = super::scan::Range::new::<&[u8], _>(self, &space, false, ..)
-                .keys_only()
-                .take(DROP_CHUNK)
-                .map(|r| r.map(|(k, _)| k))
-                .collect::<Result<_>>()?;
+            let keys: Vec<Vec<u8>> =
+                crate::tree::read::Range::new::<&[u8], _>(self, &space, false, ..)
+                    .keys_only()
+                    .take(DROP_CHUNK)
+                    .map(|r| r.map(|(k, _)| k))
+                    .collect::<Result<_>>()?;
             if keys.is_empty() {
                 break;
             }
@@ -213,14 +214,14 @@ impl Shared {
     /// The catalog entries of `kind`: (key after the kind byte, value), in key order.
     fn catalog_entries(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let space = Space::with_prefix(Prefix::raw(&[CATALOG_BYTE, kind]));
-        super::scan::Range::new::<&[u8], _>(self, &space, false, ..).collect()
+        crate::tree::read::Range::new::<&[u8], _>(self, &space, false, ..).collect()
     }
 }
 
 #[cfg(all(test, not(shuttle)))]
 mod tests {
     use super::*;
-    use crate::tree::scan::Range;
+    use crate::tree::read::Range;
     use crate::{Config, Tree};
 
     /// The id the catalog gives `name`.

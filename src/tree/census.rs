@@ -3,9 +3,9 @@
 
 use std::fmt;
 
-use super::Shared;
 use crate::node::{NodeKind, NodeRef, RecordKind};
 use crate::pool::Location;
+use crate::tree::Shared;
 
 /// Where the cache's bytes are, counted over every leaf at one moment.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 //! A structural checker for tests: every leaf's records, in memory and on disk, lie within
 //! the leaf's exact bounds, in order, and the leaves tile the key space.
 
-use super::leaf::with_page_buf;
-use super::{Shared, NO_PAGE};
 use crate::node::{NodeKind, NodeRef};
 use crate::pool::Location;
+use crate::tree::cache::with_page_buf;
+use crate::tree::{Shared, NO_PAGE};
 
 impl Shared {
     /// Checks the invariants; returns a description of the first violation.

@@ -10,12 +10,12 @@
 //! nothing there buffers a new list. Only when the list would outgrow a value does a merge
 //! read the leaf's page to fold it. Leaf pages on disk never hold an `Upsert` record.
 
-use super::inner::Path;
-use super::keyspace::Space;
-use super::leaf::with_page_buf;
-use super::prefix::user_key;
-use super::{Shared, WriteOp, FLAG_DAMAGED, NO_PAGE};
 use crate::error::{Error, Result};
+use crate::tree::cache::with_page_buf;
+use crate::tree::index::Path;
+use crate::tree::keyspace::user_key;
+use crate::tree::keyspace::Space;
+use crate::tree::{Shared, WriteOp, FLAG_DAMAGED, NO_PAGE};
 
 /// Appends `operand` to the encoded operand list `list`.
 pub(crate) fn push_operand(list: &mut Vec<u8>, operand: &[u8]) {

@@ -38,68 +38,34 @@
 //! - Nobody evicts while holding a leaf lock: an operation that cannot allocate releases its
 //!   locks, evicts one block, and restarts ([`Restart`]).
 
-mod admit;
 mod api;
 mod background;
-mod backup;
 mod batch;
 mod blob;
 mod bulk;
+mod cache;
 mod catalog;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod census;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod check;
-mod checkpoint;
-mod checkpoint_file;
-mod clean;
-mod commit;
-mod copied;
-#[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
-pub(crate) mod crash;
-mod evict;
-#[cfg(all(test, not(shuttle)))]
-mod fault_tests;
 mod index;
-mod inner;
-mod journal;
 mod keyspace;
-mod leaf;
-#[cfg(all(test, not(shuttle)))]
-mod lost_write_tests;
 mod merge;
-mod mirror;
-mod multi;
-mod optimistic;
-mod outline;
-mod page_batch;
-mod pages;
-mod persist;
-#[cfg(all(test, not(shuttle)))]
-mod power_tests;
-mod prefix;
-mod readahead;
-mod rewind;
-mod scan;
-mod scan_buffers;
-mod scan_locked;
+pub(crate) mod persist;
+mod read;
 mod shared;
-#[cfg(all(test, shuttle))]
-mod shuttle_mirror_tests;
-#[cfg(all(test, shuttle))]
-mod shuttle_tests;
 mod stats;
 mod storage;
 #[cfg(test)]
 mod tests;
-mod whole_leaves;
+mod writeback;
 
-pub use api::Tree;
-pub use batch::Batch;
+pub use api::{Batch, Tree};
 #[cfg(any(fuzzing, bfkv_internals))]
 pub use census::Census;
 pub use keyspace::Keyspace;
-pub use scan::Range;
+pub use read::Range;
 pub use stats::Stats;
 
 use crate::error::Result;
@@ -117,6 +83,9 @@ const FLAG_DIRTY: u8 = 1 << 2;
 /// "salvage"). A key it lacks may have been lost: a lookup that misses it, and any scan
 /// through it, answer `Corruption`. The flag passes to every later version of the leaf.
 const FLAG_DAMAGED: u8 = 1 << 3;
+
+/// A key and its value, as a scan copies and yields them.
+pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// What a write does to its key.
 #[derive(Clone, Copy)]

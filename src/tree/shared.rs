@@ -4,26 +4,26 @@
 //! lookup needs the index, the leaf cache and the storage) are methods here and in the
 //! operation files (`leaf.rs`, `evict.rs`, `checkpoint.rs`, ...).
 
-use super::admit::Doorkeeper;
-use super::background::Control;
-use super::catalog::Catalog;
-use super::checkpoint::{SUPERSEDED_LEAST, WANTED_SHARE};
-use super::index::{Index, SmoGuard};
-use super::inner::{Entry, Inner, Path, Seek};
-use super::journal::Journal;
-use super::leaf::Written;
-use super::page_batch::PageBatch;
-use super::persist::DirLock;
-use super::rewind::Rewind;
-use super::stats::{Counters, Event};
-use super::storage::Storage;
-use super::{Restart, Step, WriteOp, NO_PAGE};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::node::{NodeKind, NodeMut};
 use crate::pool::{BufferPool, Evicted, Location, PageId, WriteGuard};
 use crate::sync::{self, AtomicBool, Ordering};
+use crate::tree::background::Control;
+use crate::tree::batch::Rewind;
+use crate::tree::cache::Doorkeeper;
+use crate::tree::cache::Written;
+use crate::tree::catalog::Catalog;
+use crate::tree::index::{Entry, Inner, Path, Seek};
+use crate::tree::index::{Index, SmoGuard};
+use crate::tree::persist::DirLock;
+use crate::tree::persist::Journal;
+use crate::tree::stats::{Counters, Event};
+use crate::tree::storage::Storage;
+use crate::tree::writeback::PageBatch;
+use crate::tree::writeback::{SUPERSEDED_LEAST, WANTED_SHARE};
+use crate::tree::{Restart, Step, WriteOp, NO_PAGE};
 use crate::wal::Appended;
 
 /// The state shared by every handle and iterator of one open tree.
@@ -233,7 +233,7 @@ impl Shared {
     pub(super) fn make_room_batch(&self, batch: &mut PageBatch) -> Result<()> {
         self.evict_until_settled(|| {
             self.pool.evict_batch(
-                super::checkpoint::BATCH,
+                crate::tree::writeback::BATCH,
                 &mut |owners| self.write_back_claimed(owners, batch),
                 &mut |guard, bytes| self.evict_block(guard, bytes),
             )
@@ -402,9 +402,9 @@ impl Shared {
                 WriteOp::Delete => &[],
                 WriteOp::Merge(operands) => {
                     if self.config.merge_operator.is_none() {
-                        return Err(super::merge::no_operator());
+                        return Err(crate::tree::merge::no_operator());
                     }
-                    if !super::merge::is_operand_list(operands) {
+                    if !crate::tree::merge::is_operand_list(operands) {
                         return Err(bad("merge record with a damaged operand list"));
                     }
                     operands

@@ -2,7 +2,7 @@
 
 use crate::sync::{AtomicU64, Ordering};
 
-use super::Shared;
+use crate::tree::Shared;
 
 /// A snapshot of a tree's counters since it was opened (see [`Tree::stats`](crate::Tree::stats)).
 ///

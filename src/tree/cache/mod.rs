@@ -1,0 +1,19 @@
+//! The leaf cache: mini-pages and full-page mirrors in the buffer pool (`crate::pool`),
+//! what a lookup that misses caches, and the writes into a leaf's cached node.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `leaf.rs` | get with promotion, buffered writes, growth through the size classes, conversion to a mirror, splits and empty-leaf removal |
+//! | `mirror.rs` | full-page mirrors, the move of a mini-page to the buffer's tail |
+//! | `admit.rs` | the doorkeeper in front of promotion |
+//! | `whole_leaves.rs` | whether a miss caches its whole leaf or its record |
+
+mod admit;
+mod leaf;
+mod mirror;
+mod whole_leaves;
+
+pub(in crate::tree) use admit::Doorkeeper;
+pub(in crate::tree) use leaf::{
+    apply, live_records, node_records, percent_roll, with_page_buf, Written, MINI_OVERHEAD,
+};

@@ -1,0 +1,11 @@
+//! Keyspaces: independent key orders in one tree. `space.rs` holds a keyspace's identity
+//! and its gate; `prefix.rs` the prefix every stored key of a keyspace starts with.
+
+mod prefix;
+mod space;
+
+#[cfg(all(test, not(shuttle)))]
+pub(in crate::tree) use prefix::stored_key;
+pub(in crate::tree) use prefix::{user_key, FullKey, Prefix, CATALOG_BYTE};
+pub use space::Keyspace;
+pub(in crate::tree) use space::{Entered, Space};

@@ -1,0 +1,120 @@
+//! Online backup: a copy of the directory that `Tree::open` opens, taken while writers go on.
+//!
+//! 1. `flush`: every write acknowledged before the call is in the log (or, without a log,
+//!    in the checkpoint `flush` writes); then a checkpoint, so the log to copy is short.
+//! 2. With checkpoints held off (so the pages the last one references stay as they are, no
+//!    log segment is removed, and no blob extent is freed), copy the checkpoint file and the
+//!    data file, link (or copy) the log's segments, then copy the blob file. Pages written since the checkpoint are copied too but
+//!    referenced by nothing the copy holds; the active segment is copied, and what it holds
+//!    past the point it was read is cut as a torn tail.
+//! 3. Open the copy as a tree (its recovery replays the copied log over the copied
+//!    checkpoint) and close it, so the backup is checked and needs no replay later.
+//!
+//! Writers go on throughout; only checkpoints wait for the copy.
+
+use std::fs;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::tree::shared::Shared;
+
+/// Largest cache the check of a backup (step 3) uses.
+const CHECK_CACHE: usize = 32 << 20;
+
+impl Shared {
+    /// Backs the tree up into `target`, a directory that must not exist (see `Tree::backup`).
+    pub(crate) fn backup(&self, target: &Path) -> Result<()> {
+        let (Some(dir), Some(wal)) = (&self.config().dir, self.journal().wal()) else {
+            return Err(Error::InvalidConfig {
+                reason: "an in-memory tree has no files to back up",
+            });
+        };
+        create_target(target)?;
+        let result = self.flush().and_then(|()| {
+            self.checkpoint()?;
+            let _no_checkpoint = self.storage().pages().one_at_a_time();
+            copy_file(&dir.join("checkpoint"), &target.join("checkpoint"))?;
+            copy_file(&dir.join("data"), &target.join("data"))?;
+            let wal_dir = target.join("wal");
+            crate::sys::create_private_dir_all(&wal_dir).map_err(|e| Error::io(&wal_dir, e))?;
+            let segments = wal.segment_paths();
+            for (i, path) in segments.iter().enumerate() {
+                let name = path.file_name().unwrap_or_default();
+                let to = wal_dir.join(name);
+                if i + 1 == segments.len() {
+                    copy_file(path, &to)?;
+                } else {
+                    link_or_copy(path, &to)?;
+                }
+            }
+            sync_dir(&wal_dir)?;
+            // After the log: every extent a copied record names was written before the
+            // record was appended, and no extent is freed before the next checkpoint.
+            if dir.join("blobs").exists() {
+                copy_file(&dir.join("blobs"), &target.join("blobs"))?;
+            }
+            sync_dir(target)
+        });
+        let result = result.and_then(|()| self.check_backup(target));
+        if result.is_err() {
+            // Nothing was there before: leave nothing half made.
+            let _ = fs::remove_dir_all(target);
+        }
+        result
+    }
+
+    /// Opens the copy in `target` as a tree and closes it (recovery, then a checkpoint).
+    fn check_backup(&self, target: &Path) -> Result<()> {
+        let mut config = self.config().clone();
+        config.dir = Some(target.to_path_buf());
+        config.cache_size = config.cache_size.min(CHECK_CACHE);
+        crate::Tree::open(config)?.close()
+    }
+}
+
+/// Creates the backup's directory (0700); fails if anything is at `target`.
+fn create_target(target: &Path) -> Result<()> {
+    if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
+        crate::sys::create_private_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    #[cfg(unix)]
+    let builder = {
+        let mut b = fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b
+    };
+    #[cfg(not(unix))]
+    let builder = fs::DirBuilder::new();
+    builder.create(target).map_err(|e| Error::io(target, e))
+}
+
+/// Copies `from` to the new file `to` (0600) and syncs it. `std::fs::copy` lets the kernel
+/// share the blocks where the file system can (`copy_file_range`: reflinks on XFS and
+/// Btrfs).
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to).map_err(|e| Error::io(from, e))?;
+    sync_file(to)
+}
+
+/// Hard-links `from` as `to` (a complete log segment is never written again), or copies it
+/// where links are not possible.
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    match fs::hard_link(from, to) {
+        Ok(()) => Ok(()),
+        Err(_) => copy_file(from, to),
+    }
+}
+
+/// Syncs a file's data.
+fn sync_file(path: &Path) -> Result<()> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    file.sync_all().map_err(|e| Error::io(path, e))
+}
+
+/// Syncs a directory's entries.
+fn sync_dir(dir: &Path) -> Result<()> {
+    crate::sys::sync_dir(dir).map_err(|e| Error::io(dir, e))
+}
