@@ -45,7 +45,6 @@ use crate::tree::index::{Bounds, Entry, Seek};
 use crate::tree::keyspace::Prefix;
 use crate::tree::keyspace::Space;
 use crate::tree::read::Range;
-use crate::tree::writeback::Action;
 use crate::tree::writeback::PageBatch;
 use crate::tree::{Shared, FLAG_DAMAGED, NO_PAGE};
 
@@ -90,9 +89,7 @@ impl Pages<'_> {
     fn stage(&mut self, low: Option<&[u8]>, high: Option<&[u8]>, records: &[Record]) -> Result<()> {
         let buf = self.batch.next_buf(self.shared.page_size());
         self.shared.build_leaf(buf, low, high, records, false)?;
-        let Action::Staged { new, .. } = self.batch.stage(self.store, None)? else {
-            return Err(self.shared.storage().corruption(None, "leaf not staged"));
-        };
+        let new = self.batch.stage(self.store)?;
         self.staged.push((low.map(<[u8]>::to_vec), new));
         Ok(())
     }

@@ -61,10 +61,9 @@ mod storage;
 mod tests;
 mod writeback;
 
-pub use api::{Batch, Tree};
+pub use api::{Batch, Keyspace, Tree};
 #[cfg(any(fuzzing, bfkv_internals))]
 pub use census::Census;
-pub use keyspace::Keyspace;
 pub use read::Range;
 pub use stats::Stats;
 

@@ -1,10 +1,11 @@
 //! The public [`Batch`]: writes to any keyspaces of one tree, applied all or nothing
 //! (`commit.rs` applies them).
 
+use super::keyspace::Keyspace;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use crate::tree::batch::{Change, Write};
-use crate::tree::keyspace::{Keyspace, Space};
+use crate::tree::keyspace::Space;
 use crate::tree::Shared;
 
 /// Writes to one or more keyspaces of a tree, applied together by [`Batch::commit`]: all or

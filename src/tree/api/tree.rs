@@ -1,11 +1,12 @@
 //! The public handle, [`Tree`]: a thin facade over the shared state (`shared.rs`) and the
 //! background threads (`background.rs`).
 
+use super::keyspace::Keyspace;
 use crate::config::Config;
 use crate::error::Result;
 use crate::limits::Limits;
 use crate::tree::background::Background;
-use crate::tree::keyspace::{Keyspace, Space};
+use crate::tree::keyspace::Space;
 use crate::tree::persist;
 use crate::tree::read::Range;
 use crate::tree::shared::Shared;

@@ -7,5 +7,4 @@ mod space;
 #[cfg(all(test, not(shuttle)))]
 pub(in crate::tree) use prefix::stored_key;
 pub(in crate::tree) use prefix::{user_key, FullKey, Prefix, CATALOG_BYTE};
-pub use space::Keyspace;
 pub(in crate::tree) use space::{Entered, Space};

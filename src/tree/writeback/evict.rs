@@ -235,7 +235,8 @@ impl Shared {
         if let Some(batch) = batch {
             let buf = batch.next_buf(self.page_size());
             self.build_leaf(buf, low, high, &records, damaged)?;
-            return Ok(Step::Done(batch.stage(&**store, disk)?));
+            let new = batch.stage(&**store)?;
+            return Ok(Step::Done(Action::Staged { old: disk, new }));
         }
         let new_page = with_page_buf(self.page_size(), |buf| -> Result<u64> {
             self.build_leaf(buf, low, high, &records, damaged)?;
@@ -354,7 +355,13 @@ impl Shared {
             batch.give_spare(replaced);
             return match merged {
                 Ok(Some((records, damaged))) => Ok(Merged::Fallback(records, damaged)),
-                Ok(None) => Ok(Merged::Written(batch.stage(&**store, Some(disk))?)),
+                Ok(None) => {
+                    let new = batch.stage(&**store)?;
+                    Ok(Merged::Written(Action::Staged {
+                        old: Some(disk),
+                        new,
+                    }))
+                }
                 Err(e) => self.salvage(e, mini),
             };
         }

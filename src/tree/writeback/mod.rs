@@ -16,5 +16,4 @@ mod page_batch;
 pub(in crate::tree) use checkpoint::{
     Plan, BATCH, SUPERSEDED_LEAST, SUPERSEDED_SHARE, WANTED_SHARE,
 };
-pub(in crate::tree) use evict::Action;
 pub(in crate::tree) use page_batch::PageBatch;

@@ -2,7 +2,6 @@
 //! leaves built and waiting for one `write_batch`, the pages read ahead with one
 //! `read_batch`, and spare buffers reused across batches.
 
-use super::evict::Action;
 use crate::error::Result;
 use crate::node::{NodeMut, NodeRef};
 use crate::pool::PageId;
@@ -132,17 +131,13 @@ impl PageBatch {
         &mut self.bufs[i]
     }
 
-    /// Claims the buffer `next_buf` returned, now holding the leaf that lived in page `old`:
-    /// allocates the leaf's new page and stamps it into the leaf.
-    pub(in crate::tree) fn stage(
-        &mut self,
-        store: &dyn PageStore,
-        old: Option<u64>,
-    ) -> Result<Action> {
+    /// Claims the buffer `next_buf` returned, now holding a leaf: allocates the leaf's new
+    /// page, stamps it into the leaf and returns it.
+    pub(in crate::tree) fn stage(&mut self, store: &dyn PageStore) -> Result<u64> {
         let new = store.allocate()?;
         let i = self.pages.len();
         NodeMut::from_bytes(&mut self.bufs[i]).set_disk_page(Some(new));
         self.pages.push(new);
-        Ok(Action::Staged { old, new })
+        Ok(new)
     }
 }
