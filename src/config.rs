@@ -245,7 +245,7 @@ impl Config {
     /// every miss is cached. Measured against 50 on 5M records in a 32 MiB cache, it did as
     /// many page reads and writes in all right after a load and on uniform keys, and 20-25 %
     /// fewer reads once Zipf lookups had warmed the cache for 8 s, with 20-35 % more lookups
-    /// a second (docs/benchmarks.md, "Promotion").
+    /// a second (`git show fa6ea1c:docs/benchmarks.md`, "Every miss").
     ///
     /// ```
     /// // Cache every record read from disk (the most memory for reads, the fewest disk reads).
