@@ -4,6 +4,7 @@
 //! the writes is in `api/batch.rs`.
 
 mod commit;
+mod plan;
 mod rewind;
 
 pub(in crate::tree) use commit::{Change, Write};

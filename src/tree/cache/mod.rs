@@ -3,13 +3,15 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `leaf.rs` | get with promotion, buffered writes, growth through the size classes, conversion to a mirror, splits and empty-leaf removal |
+//! | `lookup.rs` | lookups in a locked leaf, and what a miss caches |
+//! | `leaf.rs` | buffered writes, growth through the size classes, conversion to a mirror, splits and empty-leaf removal |
 //! | `mirror.rs` | full-page mirrors, the move of a mini-page to the buffer's tail |
 //! | `admit.rs` | the doorkeeper in front of promotion |
 //! | `whole_leaves.rs` | whether a miss caches its whole leaf or its record |
 
 mod admit;
 mod leaf;
+mod lookup;
 mod mirror;
 mod whole_leaves;
 

@@ -525,5 +525,9 @@ fn make_clean(page: &mut WriteGuard<'_>, disk: u64) {
 mod tests;
 
 #[cfg(all(test, not(shuttle)))]
+#[path = "checkpoint_crash_tests.rs"]
+mod crash_tests;
+
+#[cfg(all(test, not(shuttle)))]
 #[path = "fuzzy_tests.rs"]
 mod fuzzy_tests;

@@ -3,7 +3,8 @@
 //! replays no merge twice. The crash sweeps (`crash.rs`)
 //! and the racing test (`checkpoint_tests.rs`) run them too.
 
-use super::tests::{self as checkpoint_tests, add, node_state, recovered_with};
+use super::crash_tests::add;
+use super::tests::{self as checkpoint_tests, node_state, recovered_with};
 use crate::pool::PageId;
 use crate::store::FaultStore;
 use crate::sync::{self, Arc};
