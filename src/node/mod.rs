@@ -66,7 +66,11 @@ mod tests;
 #[cfg(test)]
 mod tests_build;
 #[cfg(test)]
+mod tests_merge;
+#[cfg(test)]
 mod tests_prop;
+#[cfg(test)]
+mod tests_validate;
 
 #[cfg(test)]
 pub(crate) use build::shortest_separator;

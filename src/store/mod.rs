@@ -62,6 +62,7 @@ mod blob;
 mod buf;
 pub(crate) mod checksum;
 mod disk;
+mod extents;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 mod fault;
 mod file;
@@ -77,13 +78,18 @@ mod uring;
 mod tests;
 #[cfg(test)]
 mod tests_blob;
+#[cfg(test)]
+mod tests_fault;
+#[cfg(test)]
+mod tests_file;
 #[cfg(all(test, target_os = "linux"))]
 mod uring_tests;
 
 use crate::error::Result;
 
-pub(crate) use blob::{blocks_for, BlobFile, Extents, BLOB_BLOCK};
+pub(crate) use blob::{blocks_for, BlobFile, BLOB_BLOCK};
 pub(crate) use buf::PageBuf;
+pub(crate) use extents::Extents;
 #[cfg(any(test, fuzzing, bfkv_internals))]
 pub(crate) use fault::FaultStore;
 pub(crate) use file::{Backend, FileStore};

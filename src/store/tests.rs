@@ -1,5 +1,6 @@
-//! One test suite over [`PageStore`], run against every backend, plus the backend-specific
-//! tests (fault injection, page-size checks; the `io_uring` path itself is in `uring_tests.rs`).
+//! One test suite over [`PageStore`], run against every backend (the file store's own tests
+//! are in `tests_file.rs`, the fault-injecting store's in `tests_fault.rs`, the `io_uring`
+//! path itself in `uring_tests.rs`).
 
 use crate::sys::FileAt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,10 +12,10 @@ use super::*;
 use crate::error::Error;
 use crate::sync::{thread, Arc};
 
-const P: usize = 4096;
+pub(super) const P: usize = 4096;
 
 /// How the suite makes, reopens and damages one kind of store.
-trait Harness {
+pub(super) trait Harness {
     /// The store type.
     type S: PageStore;
     /// A fresh, empty store.
@@ -57,13 +58,13 @@ impl Harness for Fault {
     }
 }
 
-struct Files {
+pub(super) struct Files {
     dir: tempfile::TempDir,
     backend: Backend,
     next: StdAtomicU64,
 }
 impl Files {
-    fn new(backend: Backend) -> Files {
+    pub(super) fn new(backend: Backend) -> Files {
         Files {
             dir: tempfile::tempdir().unwrap(),
             backend,
@@ -99,7 +100,7 @@ impl Harness for Files {
 }
 
 /// A page whose payload is derived from `seed`.
-fn pattern(seed: u64) -> PageBuf {
+pub(super) fn pattern(seed: u64) -> PageBuf {
     let mut buf = PageBuf::new(P);
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for chunk in buf[STORE_RESERVED..].chunks_mut(8) {
@@ -111,14 +112,14 @@ fn pattern(seed: u64) -> PageBuf {
     buf
 }
 
-fn assert_payload(buf: &PageBuf, seed: u64) {
+pub(super) fn assert_payload(buf: &PageBuf, seed: u64) {
     assert!(
         buf[STORE_RESERVED..] == pattern(seed)[STORE_RESERVED..],
         "payload of seed {seed}"
     );
 }
 
-fn assert_corrupt(r: Result<()>, page: PageNo) {
+pub(super) fn assert_corrupt(r: Result<()>, page: PageNo) {
     match r {
         Err(Error::Corruption { page: Some(p), .. }) => assert_eq!(p, page),
         other => panic!("expected corruption at page {page}, got {other:?}"),
@@ -454,324 +455,4 @@ fn io_uring_is_invalid_config_off_linux() {
     let dir = tempfile::tempdir().unwrap();
     let r = FileStore::open(&dir.path().join("d"), P, Backend::IoUring);
     assert!(matches!(r, Err(Error::InvalidConfig { .. })));
-}
-
-#[test]
-fn page_size_is_checked_and_fixed_at_creation() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d");
-    assert!(matches!(
-        FileStore::open(&path, 3000, Backend::Pread),
-        Err(Error::InvalidConfig { .. })
-    ));
-    assert!(matches!(
-        FileStore::open(&path, 128 << 10, Backend::Pread),
-        Err(Error::InvalidConfig { .. })
-    ));
-    let s = FileStore::open(&path, 16384, Backend::Pread).unwrap();
-    let p = s.allocate().unwrap();
-    let mut buf = PageBuf::new(16384);
-    buf[16383] = 7;
-    s.write(p, &mut buf).unwrap();
-    s.sync().unwrap();
-    drop(s);
-    let r = FileStore::open(&path, 4096, Backend::Pread);
-    assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{r:?}");
-    let s = FileStore::open(&path, 16384, Backend::Pread).unwrap();
-    s.read(p, &mut buf).unwrap();
-    assert_eq!(buf[16383], 7);
-}
-
-/// `open_keeping_size` takes an existing file's page size, from slot 0 or, when slot 0 is
-/// damaged, from slot 1; a new file gets the size given.
-#[test]
-fn an_existing_file_keeps_its_page_size_even_with_slot_0_damaged() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d");
-    let s = FileStore::open(&path, 16384, Backend::Pread).unwrap();
-    let mut buf = PageBuf::new(16384);
-    buf[16383] = 7;
-    let p = s.allocate().unwrap();
-    s.write(p, &mut buf).unwrap();
-    s.sync().unwrap();
-    // A second superblock, so that both slots name page `p`.
-    let q = s.allocate().unwrap();
-    s.write(q, &mut buf).unwrap();
-    s.sync().unwrap();
-    drop(s);
-    let s = FileStore::open_keeping_size(&path, 8192, Backend::Pread).unwrap();
-    assert_eq!(s.page_size(), 16384);
-    drop(s);
-    let pristine = std::fs::read(&path).unwrap();
-    // Slot 0's checksum broken (its size field intact), then its size field garbage.
-    for (at, flip) in [(100, 0xff), (21, 0x5a)] {
-        let mut bytes = pristine.clone();
-        bytes[at] ^= flip;
-        std::fs::write(&path, &bytes).unwrap();
-        let s = FileStore::open_keeping_size(&path, 8192, Backend::Pread).unwrap();
-        assert_eq!(s.page_size(), 16384, "byte {at} damaged");
-        let mut back = PageBuf::new(16384);
-        s.read(p, &mut back).unwrap();
-        assert_eq!(back[16383], 7);
-    }
-    let fresh = FileStore::open_keeping_size(&dir.path().join("e"), 8192, Backend::Pread);
-    assert_eq!(fresh.unwrap().page_size(), 8192);
-}
-
-/// A data file of the format before keyspaces (bare keys) is refused with a reason that
-/// says so, not read as keys of some keyspace.
-#[test]
-fn a_data_file_of_the_previous_format_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d");
-    drop(FileStore::open(&path, P, Backend::Pread).unwrap());
-    let mut bytes = std::fs::read(&path).unwrap();
-    for slot in 0..2 {
-        let sb = &mut bytes[slot * P..(slot + 1) * P];
-        if &sb[8..16] == b"BFKVSTOR" {
-            sb[16..20].copy_from_slice(&1u32.to_le_bytes());
-            page::stamp(slot as PageNo, page::Kind::Superblock, sb);
-        } else {
-            sb.fill(0); // never written: the reason comes from the other slot
-        }
-    }
-    std::fs::write(&path, &bytes).unwrap();
-    match FileStore::open(&path, P, Backend::Pread) {
-        Err(Error::Corruption { reason, .. }) => {
-            assert!(reason.contains("before keyspaces"), "{reason}");
-        }
-        other => panic!("expected Corruption, got {other:?}"),
-    }
-}
-
-#[test]
-fn falls_back_to_buffered_io_where_o_direct_is_refused() {
-    let shm = std::path::Path::new("/dev/shm");
-    if !shm.is_dir() {
-        return;
-    }
-    let dir = tempfile::tempdir_in(shm).unwrap();
-    // Older kernels' tmpfs refuses O_DIRECT (EINVAL) and the store falls back to buffered
-    // I/O; newer ones accept it. Either way the store must work.
-    let s = FileStore::open(&dir.path().join("d"), P, Backend::Pread).unwrap();
-    let p = s.allocate().unwrap();
-    s.write(p, &mut pattern(1)).unwrap();
-    let mut buf = PageBuf::new(P);
-    s.read(p, &mut buf).unwrap();
-    assert_payload(&buf, 1);
-}
-
-/// The data file is extended ahead of the pages written (so new pages are written inside
-/// it), the store's page count, not the file's length, says which pages exist, and a
-/// reopened store neither hands out nor reads the preallocated tail as data.
-#[test]
-fn the_file_grows_ahead_of_the_pages_in_use() {
-    for backend in [Backend::Pread, Backend::IoUring] {
-        if backend == Backend::IoUring && !cfg!(target_os = "linux") {
-            continue;
-        }
-        let h = Files::new(backend);
-        let s = h.make();
-        let mut written = Vec::new();
-        for i in 0..300u64 {
-            let p = s.allocate().unwrap();
-            s.write(p, &mut pattern(i)).unwrap();
-            written.push((p, i));
-        }
-        s.sync().unwrap();
-        let len = std::fs::metadata(s.path()).unwrap().len();
-        let pages = s.stats().file_pages;
-        assert!(
-            len >= pages * P as u64,
-            "{backend:?}: file shorter than its pages"
-        );
-        assert_eq!(
-            len % super::file::GROW_MIN,
-            0,
-            "{backend:?}: grown in chunks"
-        );
-        assert!(len > pages * P as u64, "{backend:?}: nothing preallocated");
-        let s = h.reopen(s).unwrap().unwrap();
-        assert_eq!(
-            s.stats().file_pages,
-            pages,
-            "{backend:?}: page count from superblock"
-        );
-        let mut buf = PageBuf::new(P);
-        for &(p, i) in &written {
-            s.read(p, &mut buf).unwrap();
-            assert_payload(&buf, i);
-        }
-        // A page of the preallocated tail was never written: corrupt, not data.
-        assert_corrupt(s.read(pages, &mut buf), pages);
-        // New pages continue after the page count, not after the file's end.
-        assert_eq!(s.allocate().unwrap(), pages);
-    }
-}
-
-#[test]
-fn fault_nth_write_and_sync_fail_once_with_eio() {
-    let s = FaultStore::new(P);
-    let pages: Vec<PageNo> = (0..3).map(|_| s.allocate().unwrap()).collect();
-    let mut bufs: Vec<PageBuf> = pages.iter().map(|&p| pattern(p)).collect();
-    s.fail_nth_write(2);
-    let eio = |r: Result<()>| match r {
-        Err(Error::Io { source, .. }) => assert!(crate::sys::is_injected_fault(&source)),
-        other => panic!("expected EIO, got {other:?}"),
-    };
-    eio(s.write_batch(&pages, &mut bufs));
-    s.write_batch(&pages, &mut bufs).unwrap();
-    s.sync().unwrap();
-    let image = s.crash_image();
-    let mut buf = PageBuf::new(P);
-    for &p in &pages {
-        image.read(p, &mut buf).unwrap();
-        assert_payload(&buf, p);
-    }
-    // A failed flush is sticky: the data it was to write may be gone, so no later sync may
-    // claim it is durable (fsyncgate).
-    s.write_batch(&pages, &mut bufs).unwrap();
-    s.fail_nth_sync(1);
-    eio(s.sync());
-    for _ in 0..3 {
-        assert!(
-            matches!(s.sync(), Err(Error::Io { .. })),
-            "a later sync succeeded"
-        );
-    }
-}
-
-#[test]
-fn fault_flip_bit_on_read_is_detected_once() {
-    let s = FaultStore::new(P);
-    let p = s.allocate().unwrap();
-    s.write(p, &mut pattern(9)).unwrap();
-    s.flip_bit_on_read(p, 8 * 700 + 3);
-    let mut buf = PageBuf::new(P);
-    assert_corrupt(s.read(p, &mut buf), p);
-    s.read(p, &mut buf).unwrap();
-    assert_payload(&buf, 9);
-}
-
-/// The state a crash image must show: pages → seeds, free pages, file pages.
-type State = (BTreeMap<PageNo, u64>, u64, u64);
-
-/// Runs a fixed workload. Returns the state at the last sync that finished with power on,
-/// and the state the sync during which power failed was writing (if it failed in one).
-fn workload(s: &FaultStore, sync_writes: &mut Vec<(u64, u64)>) -> (State, Option<State>) {
-    let mut live = BTreeMap::new();
-    let mut durable = (BTreeMap::new(), 0, FIRST_DATA_PAGE);
-    let mut pages = Vec::new();
-    for step in 0..6u64 {
-        for i in 0..[5, 400, 700, 300, 5, 5][step as usize] {
-            let p = s.allocate().unwrap();
-            s.write(p, &mut pattern(step * 1000 + i)).unwrap();
-            live.insert(p, step * 1000 + i);
-            pages.push(p);
-        }
-        // Free every third live page, later every second, so the free list outgrows a
-        // superblock and its chain grows at several syncs.
-        let stride = if step < 3 { 3 } else { 2 };
-        // Oldest pages last: the most recently freed page is then one the durable state uses.
-        let doomed: Vec<PageNo> = pages
-            .iter()
-            .skip(step as usize)
-            .step_by(stride)
-            .copied()
-            .collect();
-        for p in doomed.into_iter().rev() {
-            if live.remove(&p).is_some() {
-                s.free(p).unwrap();
-            }
-        }
-        pages.retain(|p| live.contains_key(p));
-        if let Some(&p) = live.keys().next() {
-            s.write(p, &mut pattern(step + 77)).unwrap();
-            live.insert(p, step + 77);
-        }
-        let was_on = !s.is_powered_off();
-        let before = s.disk_writes();
-        s.sync().unwrap();
-        sync_writes.push((before, s.disk_writes()));
-        let st = s.stats();
-        let state = (live.clone(), st.free_pages, st.file_pages);
-        if !s.is_powered_off() {
-            durable = state;
-        } else if was_on {
-            // Power failed inside this sync: with a torn superblock write whose lost half
-            // equals what was meant, the new state may have made it, whole.
-            return (durable, Some(state));
-        }
-    }
-    (durable, None)
-}
-
-/// Whether `image` holds the pages of `state`, each as `state` has it or, if `newer` is
-/// given, as `newer` has it (the data flush of the sync that power interrupted happened).
-/// With `torn`, one page may fail its checksum: the in-place write that power tore.
-fn has_pages(image: &FaultStore, state: &State, newer: Option<&State>, torn: bool) -> bool {
-    let mut buf = PageBuf::new(P);
-    let is = |buf: &PageBuf, seed: u64| buf[STORE_RESERVED..] == pattern(seed)[STORE_RESERVED..];
-    let mut damaged = 0;
-    for (&p, &seed) in &state.0 {
-        match image.read(p, &mut buf) {
-            Ok(()) if is(&buf, seed) => {}
-            Ok(())
-                if newer
-                    .and_then(|n| n.0.get(&p))
-                    .is_some_and(|&s| is(&buf, s)) => {}
-            Err(Error::Corruption { page: Some(q), .. }) if q == p && torn => damaged += 1,
-            _ => return false,
-        }
-    }
-    damaged <= 1
-}
-
-/// Whether `image` has the allocation state (free and file pages) of `state`.
-fn has_counts(image: &FaultStore, state: &State) -> bool {
-    let st = image.stats();
-    (st.free_pages, st.file_pages) == (state.1, state.2)
-}
-
-#[test]
-fn fault_power_cut_loses_exactly_the_unsynced_writes() {
-    let mut syncs = Vec::new();
-    let total = {
-        let s = FaultStore::new(P);
-        let base = s.disk_writes();
-        workload(&s, &mut syncs);
-        for (a, b) in &mut syncs {
-            (*a, *b) = (*a - base, *b - base);
-        }
-        s.disk_writes() - base
-    };
-    assert!(total > 1000 && syncs.len() == 6);
-    // A torn cut may destroy the page it overwrites in place (detected, not repaired).
-    // Every cut point in and just before each sync, and a stride through the rest.
-    let near_sync = |n: u64| syncs.iter().any(|&(a, b)| n + 3 > a && n <= b);
-    let cuts = (1..=total).filter(|&n| n % 29 == 0 || n < 8 || near_sync(n));
-    for n in cuts {
-        for torn in [false, true] {
-            let s = FaultStore::new(P);
-            s.power_cut_at_write(n, torn);
-            let (durable, in_flight) = workload(&s, &mut Vec::new());
-            assert!(s.is_powered_off());
-            let image = s.crash_image();
-            assert!(
-                image.open_error().is_none(),
-                "cut at write {n}: {:?}",
-                image.open_error()
-            );
-            // A cut inside a sync: the data flush may have happened (new page contents),
-            // and a torn superblock write may still be whole (new allocation state).
-            let ok = match &in_flight {
-                None => has_counts(&image, &durable) && has_pages(&image, &durable, None, torn),
-                Some(new) if has_counts(&image, &durable) => {
-                    has_pages(&image, &durable, Some(new), torn)
-                }
-                Some(new) => torn && has_counts(&image, new) && has_pages(&image, new, None, torn),
-            };
-            assert!(ok, "cut at write {n} (torn: {torn}): {:?}", image.stats());
-        }
-    }
 }
