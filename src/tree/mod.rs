@@ -1,37 +1,44 @@
 //! The tree core: which leaf owns a key, the leaves' cached nodes, writing them back,
-//! persistence, and the background threads. The components, each in its own file with
-//! private state and a small set of methods, and how they meet:
+//! persistence, and the background threads. One folder per component, each with private
+//! state and a small set of items its `mod.rs` exposes to the others:
 //!
-//! | component | files | owns | called through |
+//! | component | folder or file | owns | called through |
 //! |---|---|---|---|
-//! | index | `index.rs`, `inner.rs` | the inner nodes (RCU root), the structure lock and version | `Index::read_leaf` / `write_leaf` (locate and lock a leaf), `try_smo` / `lock_smo`, `Shared::publish` (a split or removal) |
-//! | leaf cache | `pool/` (the buffer and mapping table), `leaf.rs`, `mirror.rs`, `admit.rs` | mini-pages and full-page mirrors, what a miss caches | `Shared::get_in_leaf`, `write_in_leaf`, `copy_to_tail` |
-//! | write-back and eviction | `evict.rs`, `page_batch.rs`, `checkpoint.rs`, `clean.rs` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
-//! | storage | `storage.rs`, `pages.rs` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
-//! | journal | `journal.rs` | the write-ahead log, the checkpoint LSN | `Journal::append` (under the leaf lock), `commit`, `replay` |
-//! | persistence | `persist.rs` | open, recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
+//! | index | `index/` | the inner nodes (RCU root), the structure lock and version | `Index::read_leaf` / `write_leaf` (locate and lock a leaf), `try_smo` / `lock_smo`, `Shared::publish` (a split or removal) |
+//! | leaf cache | `cache/`, and the pool (`crate::pool`: the buffer and mapping table) | mini-pages and full-page mirrors, lookups in a locked leaf, what a miss caches | `Shared::get_in_leaf`, `write_in_leaf`, `copy_to_tail` |
+//! | reads | `read/` | the public [`Range`], scans' copies of leaves, lock-free lookups and refills, `get_many` | `Range::new`, `Shared::get_into`, `get_many_in` |
+//! | write-back and eviction | `writeback/` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
+//! | storage | `storage/` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
+//! | persistence | `persist/` | the write-ahead log as the tree uses it, open and recovery, the checkpoint file, backups, the directory lock | `Journal::append` (under the leaf lock), `commit`, `replay`; `persist::open`, `Shared::checkpoint`, `Shared::backup` |
+//! | batches | `batch/` | a batch's commit under the locks of its leaves, the batch sequence and the undo scans need | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
+//! | large values | `blob/` | the blob file's extents in use (in `Storage`), pins | `Shared::store_value` / `settle` (writes), `resolve_found` / `user_value` (reads), `Blobs::page_written`, `table`, `checkpointed`, `claim` |
+//! | keyspaces | `keyspace/` | a keyspace's identity, gate and key prefix | `Space::enter`, `Prefix::key`, `Shared::put_in` / `get_in` ... |
+//! | public handles | `api/` | [`Tree`], [`Keyspace`], [`Batch`] | the crate's API |
+//! | catalog | `catalog.rs` | which keyspace name has which id, drops | `Shared::keyspace_named`, `drop_keyspace`, `finish_drops` |
+//! | merges | `merge.rs` | operand lists, folding them with the merge operator | `Shared::fold`, `merge_in` |
+//! | bulk load | `bulk.rs` | nothing between calls | `Shared::bulk_load_in` (writes leaf pages, installs them with `Shared::publish`, checkpoints) |
 //! | background | `background.rs` | evictor and checkpointer threads | `Shared::nudge_evictors`, `Background::nudge_checkpointer` |
 //! | counters | `stats.rs` | what the tree did | `Counters::count(Event)` |
-//! | batches | `batch.rs`, `commit.rs`, `rewind.rs` | the public `Batch`, its commit, the batch sequence | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
-//! | large values | `blob.rs`, `outline.rs` | the blob file's extents in use (in `Storage`), pins | `Shared::store_value` / `settle` (writes), `resolve_found` / `user_value` (reads), `Blobs::page_written`, `table`, `checkpointed`, `claim` |
-//! | bulk load | `bulk.rs` | nothing between calls | `Shared::bulk_load_in` (writes leaf pages, installs them with `Shared::publish`, checkpoints) |
 //!
 //! `shared.rs` composes them into `Shared`, the state every handle, iterator and background
-//! thread of one open tree shares; `api.rs` is the public [`Tree`] over it, `scan.rs` the
-//! public [`Range`].
+//! thread of one open tree shares. Dependencies run one way: a scan depends on keyspaces and
+//! on the batch undo, never the reverse, and no two files import each other, directly or
+//! around a circle (`Shared`, which every component extends with its methods, aside).
+//! `census.rs` and `check.rs` (diagnosis and the structural checker) and `tests/` are built
+//! for tests and fuzzing only.
 //!
 //! Locking, in one place (the invariants every file here relies on):
 //! - A leaf and its mini-page are protected by the leaf's lock in the mapping table
 //!   (`pool`). Every access to a mini-page's bytes or a leaf's disk page happens under it.
 //! - Inner nodes are immutable; structure changes (leaf split, leaf removal) build a new root
 //!   and publish it under the structure lock, then bump the structure version before the
-//!   leaf lock of the changed leaf is released (`index.rs`). A reader reads the version,
+//!   leaf lock of the changed leaf is released (`index/root.rs`). A reader reads the version,
 //!   walks down, locks the leaf, and re-reads the version: if it moved, it walks the current
 //!   root again, and keeps the leaf if that walk reaches it (only a change of the leaf itself,
 //!   made under its lock, takes keys from it); otherwise it unlocks and goes to the new one.
 //! - Lock order: leaf lock, then the structure lock. A thread that holds a leaf lock only
 //!   ever *tries* the structure lock; when that fails it releases everything and restarts.
-//!   Only a batch commit (`commit.rs`) waits for a leaf lock while holding others, and it
+//!   Only a batch commit (`batch/commit.rs`) waits for a leaf lock while holding others, and it
 //!   takes them in key order.
 //!   So the holder of the structure lock (a checkpoint) may block on leaf locks without
 //!   deadlock.

@@ -418,7 +418,7 @@ impl Shared {
             if leaf > 0 && lsn < floors[leaf - 1].1 {
                 return Ok(());
             }
-            // The extent of a replayed reference is in use (`blob.rs`).
+            // The extent of a replayed reference is in use (`blob/extents.rs`).
             if let WriteOp::Put(value) = op {
                 if let Some(r) = self.storage().blobs().decode(value) {
                     self.storage().blobs().claim(&r)?;

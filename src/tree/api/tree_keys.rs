@@ -7,12 +7,12 @@ use crate::tree::read::Range;
 impl Tree {
     /// Inserts `key` → `value`, replacing any previous value.
     ///
-    /// A value too long for a leaf record with its key (past [`Limits::max_record_len`])
+    /// A value too long for a leaf record with its key (past [`Limits::max_record_len`](crate::Limits::max_record_len))
     /// is written to the blob file first and the leaf holds a reference to it (see the
-    /// crate docs); values go up to [`Limits::max_value_len`], 64 MiB.
+    /// crate docs); values go up to [`Limits::max_value_len`](crate::Limits::max_value_len), 64 MiB.
     ///
     /// # Errors
-    /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) / [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`] (the tree is
+    /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) / [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`](crate::Limits) (the tree is
     /// unchanged), [`Error::CacheFull`](crate::Error::CacheFull) for a full in-memory tree, [`Error::Io`](crate::Error::Io) or
     /// [`Error::Corruption`](crate::Error::Corruption) if making room needed the disk and it failed.
     ///
@@ -39,7 +39,7 @@ impl Tree {
     ///
     /// The contract:
     /// - keys are strictly ascending (no key twice), and every key and value obeys the
-    ///   limits of [`insert`](Tree::insert) (values past [`Limits::max_record_len`] go to
+    ///   limits of [`insert`](Tree::insert) (values past [`Limits::max_record_len`](crate::Limits::max_record_len) go to
     ///   the blob file as `insert` sends them there);
     /// - the span from the first key to the last lies within one leaf of the tree, and no
     ///   key in that span is present. Keys outside it may be: they join the first and last
@@ -62,7 +62,7 @@ impl Tree {
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for keys out of order or
     /// repeated, or a span that holds a key or crosses a leaf boundary;
     /// [`Error::KeyTooLarge`](crate::Error::KeyTooLarge) /
-    /// [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`];
+    /// [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) past [`Limits`](crate::Limits);
     /// [`Error::Io`](crate::Error::Io) or [`Error::Corruption`](crate::Error::Corruption)
     /// from the disk. Each of these leaves the tree exactly as it was (pages and blob
     /// extents already written are freed for reuse), except an error of the final

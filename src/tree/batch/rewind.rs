@@ -83,7 +83,7 @@ struct State {
     by_key: BTreeMap<Vec<u8>, Vec<(u64, Old)>>,
     /// The numbers of the batches saved, with their keys (for pruning), in publication
     /// order, and the pin that keeps the extents of saved values stored out of line from
-    /// reuse (`blob.rs`) for as long as a scan may yield them.
+    /// reuse (`blob/extents.rs`) for as long as a scan may yield them.
     saved: Vec<(u64, Vec<Vec<u8>>, Option<BlobPin>)>,
 }
 

@@ -1,4 +1,4 @@
-//! Tests of `blob.rs`: value references, in-memory trees storing inline, which extents a
+//! Tests of `extents.rs`: value references, in-memory trees storing inline, which extents a
 //! checkpoint frees, pins, and the extents recovery claims.
 
 use super::*;

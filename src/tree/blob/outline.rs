@@ -1,4 +1,4 @@
-//! The tree's side of values stored out of line (`blob.rs`): turning a user's value into
+//! The tree's side of values stored out of line (`extents.rs`): turning a user's value into
 //! what a leaf stores (itself, or a reference to an extent written first), and a stored
 //! value back into the user's.
 //!

@@ -6,7 +6,7 @@
 //! publishes a new root; readers that started earlier finish on the old versions, which
 //! crossbeam-epoch frees once they are gone. Structure changes are rare (one per leaf split
 //! or leaf removal) and are serialized by the tree's structure lock, whose 8-byte version
-//! readers check after locking a leaf (see `index.rs`).
+//! readers check after locking a leaf (see `root.rs`).
 //!
 //! An inner node is a node of the shared layout (`node/`, kind Inner): record `i` maps the
 //! keys from its key up to the next record's key to child `i`. Record 0 is keyed by the

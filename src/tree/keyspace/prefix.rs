@@ -1,4 +1,4 @@
-//! Keyspace prefixes: the bytes that start every stored key of one keyspace (`keyspace.rs`
+//! Keyspace prefixes: the bytes that start every stored key of one keyspace (`space.rs`
 //! says why keyspaces are prefixes), and keys with their prefix.
 //!
 //! Prefixes (prefix-free, so no two keyspaces share a key): id 0, the default keyspace, is

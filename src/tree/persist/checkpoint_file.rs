@@ -14,7 +14,7 @@
 //!
 //! A leaf's image LSN (`pages.rs`) says which logged writes its page already holds: replay
 //! skips the records below it that fall in the leaf's range. The blob extents are those the
-//! leaves' records reference (`blob.rs`), each with the page that references it. Format 2
+//! leaves' records reference (`blob/extents.rs`), each with the page that references it. Format 2
 //! (no extents, from before large values) is read with none; format 1 (no image LSNs, from
 //! before merges existed) as LSN 0 too: replaying its writes again is harmless.
 

@@ -311,7 +311,7 @@ impl Shared {
         // below hold it; replay after a crash starts here, or earlier if a dirty leaf is left
         // unwritten.
         let lsn = wal.next_lsn();
-        // Every reference applied before now is in the leaves written below (`blob.rs`).
+        // Every reference applied before now is in the leaves written below (`blob/extents.rs`).
         let blob_count = self.storage().blobs().start_checkpoint();
         // Decided after the blob count is taken: a large value written before would have
         // its extent freed while a dirty leaf this checkpoint leaves unwritten references

@@ -68,7 +68,7 @@ fn decides_all<L: Words>(node: &RacyNode<L>) -> bool {
 
 impl Shared {
     /// Whether `read`, of the leaf `path` reached from structure `version`, holds: nothing
-    /// wrote the leaf while it was read, and the leaf owned `seek` meanwhile (`index.rs`).
+    /// wrote the leaf while it was read, and the leaf owned `seek` meanwhile (`index/root.rs`).
     /// Returns the path in the root that proved it.
     #[inline]
     fn holds<'g>(

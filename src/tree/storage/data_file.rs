@@ -18,7 +18,7 @@ pub(crate) struct Storage {
     /// The data file's path, named in errors.
     path: PathBuf,
     pages: PageTracker,
-    /// The blob file: values too long for a leaf record (`blob.rs`).
+    /// The blob file: values too long for a leaf record (`store/blob.rs`).
     blobs: Blobs,
 }
 

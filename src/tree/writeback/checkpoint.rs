@@ -15,12 +15,12 @@
 //! **Moving the start** (`Plan::toward`). A checkpoint may also go toward a later start: it
 //! writes up to a budget of the dirty leaves that start refuses, and starts replay there if
 //! it left none of them. Fuzzy checkpoints do so once the log outgrew
-//! `checkpoint_log_bytes` (`persist.rs`), and `Tree::checkpoint`, `close` and drop do so
+//! `checkpoint_log_bytes` (`persist/open.rs`), and `Tree::checkpoint`, `close` and drop do so
 //! toward each round's own LSN, round after round: either way a round writes a share of
 //! the leaves, and the pages it supersedes are free for the next.
 //!
 //! Trees with large values stay on full checkpoints: an extent only a dirty leaf references
-//! would be in no checkpoint's table (`blob.rs`), and would be freed.
+//! would be in no checkpoint's table (`blob/extents.rs`), and would be freed.
 //!
 //! Leaves are written in batches, and no leaf stays locked while its page is read or
 //! written. A pass first looks at leaves under read locks until `BATCH` of them need a
@@ -116,7 +116,7 @@ impl<'a> Plan<'a> {
     /// writes up to `budget` of the dirty leaves that may lack a write logged before it,
     /// and starts replay there if none of them is left. A round of a full checkpoint goes
     /// toward its own LSN; a fuzzy checkpoint whose log outgrew its limit, toward a later
-    /// checkpoint's (`persist.rs`).
+    /// checkpoint's (`persist/open.rs`).
     pub(in crate::tree) fn toward(self, toward: Lsn, budget: usize) -> Plan<'a> {
         let toward = match self.from {
             Some(from) => toward.clamp(from, self.lsn),

@@ -2,7 +2,7 @@
 //! (the block stays, made clean).
 //!
 //! Leaves are written shadow-style: always to a newly allocated page, never over the page
-//! the last checkpoint references (see `persist.rs`), so a crash at any moment leaves the
+//! the last checkpoint references (see `persist/open.rs`), so a crash at any moment leaves the
 //! last checkpoint intact.
 
 use super::page_batch::PageBatch;

@@ -1,7 +1,7 @@
 //! Tests of fuzzy checkpoints (`checkpoint.rs`): which dirty leaves they leave unwritten,
 //! where replay starts and how it moves, and that a crash after one loses nothing and
 //! replays no merge twice. The crash sweeps (`crash.rs`)
-//! and the racing test (`checkpoint_tests.rs`) run them too.
+//! and the racing test (`checkpoint_crash_tests.rs`) run them too.
 
 use super::crash_tests::add;
 use super::tests::{self as checkpoint_tests, node_state, recovered_with};
