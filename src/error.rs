@@ -105,6 +105,14 @@ pub enum Error {
         /// What was wrong with the input.
         reason: &'static str,
     },
+    /// The merge operator panicked while folding a key's pending operands. That key's
+    /// reads, and the writes that need its value (a merge folded at once, a
+    /// compare-and-swap), fail with this error until the key is inserted or removed again;
+    /// every other key reads and writes as before.
+    MergeFailed {
+        /// The panic's message (empty if it carried no string).
+        reason: String,
+    },
 }
 
 impl Error {
@@ -220,6 +228,10 @@ impl fmt::Display for Error {
                 write!(f, "batch of {len} bytes exceeds the limit of {limit} bytes")
             }
             Error::InvalidInput { reason } => write!(f, "invalid input: {reason}"),
+            Error::MergeFailed { reason } => write!(
+                f,
+                "the merge operator panicked folding this key's pending operands: {reason}"
+            ),
         }
     }
 }

@@ -9,8 +9,25 @@
 //! writes the result; one that finds an `Upsert` record appends to its list; one that finds
 //! nothing there buffers a new list. Only when the list would outgrow a value does a merge
 //! read the leaf's page to fold it. Leaf pages on disk never hold an `Upsert` record.
+//!
+//! **Failed folds.** The operator is the user's code: it may panic, or return a value too
+//! long for a record. A fold that fails for a read, or for a write that needs the key's
+//! value, fails that call (`Error::MergeFailed`, `Error::ValueTooLarge`). But a leaf is also
+//! rebuilt for the sake of other keys: written back by an eviction or a checkpoint, made a
+//! full-page mirror or split by another key's write. There the key's operands are replaced
+//! by a *failed fold*, a stored value that records the failure ([`FAILED_FOLD`], then the
+//! cause), so the leaf can be written and every other key goes on. The key then answers
+//! every read with the error the fold gave, keeps it through write-backs, checkpoints and
+//! reopening, refuses merges (there is no value to fold them over), and is cleared by an
+//! `insert` or a `remove`. A panic never crosses a fold: it would unwind through the
+//! thread that called it, an evictor holding a claim on the buffer's head or an
+//! unrelated writer, and leave the tree stuck. Recovery folds like a write does, so an
+//! operator that panics while the log is replayed fails the open with its error.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Result};
+use crate::tree::blob::FAILED_FOLD;
 use crate::tree::cache::with_page_buf;
 use crate::tree::index::Path;
 use crate::tree::keyspace::user_key;
@@ -89,12 +106,48 @@ impl Shared {
         base: Option<&[u8]>,
         list: &[u8],
     ) -> Result<Option<Vec<u8>>> {
+        if let Some(failed) = base.and_then(|b| self.failed_fold(b)) {
+            return Err(failed);
+        }
         match base.and_then(|b| self.storage().blobs().decode(b)) {
             // Callers hold the leaf's lock (or the base is a batch's own write): the
             // reference is current.
             Some(r) => self.fold_value(key, Some(&self.read_blob(&r)?), list),
             None => self.fold_value(key, base, list),
         }
+    }
+
+    /// As [`Shared::fold`], for a leaf rebuilt for the sake of any of its keys (a
+    /// write-back, a mirror, a split, a scan's copy): a fold that fails for the key's own
+    /// reasons (the operator panicked, or its result is too long) gives a failed fold to
+    /// store in place of the value (module docs), not an error.
+    ///
+    /// # Errors
+    /// Those of [`Shared::fold`] that are not the key's own: no merge operator, a list
+    /// that does not decode, the base's extent failing to read.
+    pub(crate) fn fold_or_mark(
+        &self,
+        key: &[u8],
+        base: Option<&[u8]>,
+        list: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        match self.fold(key, base, list) {
+            Err(e @ (Error::MergeFailed { .. } | Error::ValueTooLarge { .. }))
+                if self.storage().blobs().marks_values() =>
+            {
+                Ok(Some(failed_fold(&e)))
+            }
+            folded => folded,
+        }
+    }
+
+    /// The error a stored value stands for, if it is a failed fold (module docs).
+    #[inline]
+    pub(crate) fn failed_fold(&self, stored: &[u8]) -> Option<Error> {
+        if !stored.starts_with(&FAILED_FOLD) || !self.storage().blobs().marks_values() {
+            return None;
+        }
+        Some(decode_failed_fold(&stored[FAILED_FOLD.len()..]))
     }
 
     /// Folds the operand list `list` of stored key `key` over the user's value `base`. The
@@ -124,11 +177,14 @@ impl Shared {
                     "a buffered merge operand list does not decode",
                 )
             })?;
-            value = (op.0)(user, value.as_deref(), operand);
+            let folded = catch_unwind(AssertUnwindSafe(|| (op.0)(user, value.as_deref(), operand)));
+            value = folded.map_err(|panic| Error::MergeFailed {
+                reason: panic_message(&*panic),
+            })?;
         }
         if let Some(v) = &value {
             self.limits().check_inline(user, v)?;
-            if self.storage().blobs().decode(v).is_some() {
+            if self.storage().blobs().decode(v).is_some() || v.starts_with(&FAILED_FOLD) {
                 return Err(Error::ValueTooLarge {
                     len: v.len(),
                     limit: v.len() - 1,
@@ -181,6 +237,61 @@ impl Shared {
     }
 }
 
+/// Longest panic message a failed fold keeps (bytes; cut at a character boundary).
+const REASON_MAX: usize = 200;
+
+/// What a panic carried, as text: its message when it is a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("");
+    let mut end = text.len().min(REASON_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// The stored value that records fold error `e` (a `MergeFailed` or a `ValueTooLarge`):
+/// [`FAILED_FOLD`], then `1` and the panic's message, or `2` and the result's length and
+/// the limit (u64 LE each).
+fn failed_fold(e: &Error) -> Vec<u8> {
+    let mut v = FAILED_FOLD.to_vec();
+    match e {
+        Error::ValueTooLarge { len, limit } => {
+            v.push(2);
+            v.extend_from_slice(&(*len as u64).to_le_bytes());
+            v.extend_from_slice(&(*limit as u64).to_le_bytes());
+        }
+        Error::MergeFailed { reason } => {
+            v.push(1);
+            v.extend_from_slice(reason.as_bytes());
+        }
+        _ => v.push(1),
+    }
+    v
+}
+
+/// The error a failed fold's bytes after [`FAILED_FOLD`] record.
+fn decode_failed_fold(rest: &[u8]) -> Error {
+    let u64_at = |at: usize| -> usize {
+        rest.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, |b| u64::from_le_bytes(b) as usize)
+    };
+    match rest.first() {
+        Some(2) => Error::ValueTooLarge {
+            len: u64_at(1),
+            limit: u64_at(9),
+        },
+        _ => Error::MergeFailed {
+            reason: String::from_utf8_lossy(rest.get(1..).unwrap_or_default()).into_owned(),
+        },
+    }
+}
+
 /// The error for a merge, or a fold, without a merge operator.
 pub(crate) fn no_operator() -> Error {
     Error::InvalidConfig {
@@ -203,6 +314,75 @@ mod tests {
         assert_eq!(back, ops);
         assert!(is_operand_list(&list));
         assert_eq!(one_operand(b"ab"), vec![2, b'a', b'b']);
+    }
+
+    #[test]
+    fn failed_folds_round_trip_their_error() {
+        let panicked = Error::MergeFailed {
+            reason: "boom".into(),
+        };
+        let marked = failed_fold(&panicked);
+        assert!(marked.starts_with(&FAILED_FOLD));
+        assert!(matches!(
+            decode_failed_fold(&marked[FAILED_FOLD.len()..]),
+            Error::MergeFailed { reason } if reason == "boom"
+        ));
+        let large = Error::ValueTooLarge {
+            len: 100_000,
+            limit: 4000,
+        };
+        let marked = failed_fold(&large);
+        assert!(matches!(
+            decode_failed_fold(&marked[FAILED_FOLD.len()..]),
+            Error::ValueTooLarge {
+                len: 100_000,
+                limit: 4000
+            }
+        ));
+        // Damaged or cut short: still an error, never a panic.
+        assert!(matches!(
+            decode_failed_fold(&[2, 1]),
+            Error::ValueTooLarge { len: 0, limit: 0 }
+        ));
+        assert!(matches!(decode_failed_fold(&[]), Error::MergeFailed { .. }));
+    }
+
+    #[test]
+    fn panic_messages_are_kept_short_and_whole() {
+        let long = "é".repeat(300);
+        let kept = panic_message(&long.clone());
+        assert!(kept.len() <= REASON_MAX && long.starts_with(&kept) && !kept.is_empty());
+        assert_eq!(panic_message(&"static"), "static");
+        assert_eq!(panic_message(&42u32), "");
+    }
+
+    #[test]
+    fn an_operator_panic_is_the_folds_error_and_marks_only_where_values_can_be() {
+        fn refuse(_: &[u8], _: Option<&[u8]>, _: &[u8]) -> Option<Vec<u8>> {
+            panic!("refused")
+        }
+        let tree = crate::Tree::open(crate::Config::in_memory().merge_operator(refuse)).unwrap();
+        let shared = tree.shared();
+        let list = one_operand(b"x");
+        let e = shared.fold(b"\0k", None, &list).unwrap_err();
+        assert!(matches!(e, Error::MergeFailed { ref reason } if reason == "refused"));
+        // An in-memory tree folds every merge when it is made: nothing to mark.
+        assert!(shared.fold_or_mark(b"\0k", None, &list).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let tree =
+            crate::Tree::open(crate::Config::new(dir.path()).merge_operator(refuse)).unwrap();
+        let shared = tree.shared();
+        let marked = shared.fold_or_mark(b"\0k", None, &list).unwrap().unwrap();
+        assert!(matches!(
+            shared.failed_fold(&marked),
+            Some(Error::MergeFailed { .. })
+        ));
+        // A mark folds to itself: the key stays failed under more operands.
+        let again = shared
+            .fold_or_mark(b"\0k", Some(&marked), &list)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, marked);
     }
 
     #[test]

@@ -46,6 +46,15 @@ pub(crate) const REF_LEN: usize = 28;
 /// The first bytes of every stored reference.
 const MARKER: [u8; 8] = [0xBF, 0xB1, 0x0B, b'r', b'e', b'f', 0x00, 0x01];
 
+/// The first bytes of a stored value that stands for a key whose pending merges could not
+/// be folded (`merge.rs`, "failed folds"). Like a reference's marker it starts with
+/// [`MARKED`], so the one byte a scan compares for every value it lends rules both out.
+pub(crate) const FAILED_FOLD: [u8; 8] = [0xBF, 0xFA, 0x11, 0xED, b'm', b'r', b'g', 0x01];
+
+/// The first byte of every stored value that is not the user's own (a reference, a failed
+/// fold): a value that starts otherwise is the user's.
+pub(crate) const MARKED: u8 = 0xBF;
+
 /// The least the blob file grows by (blocks): 16 MiB.
 const GROWTH_BLOCKS: u64 = (16 << 20) / BLOB_BLOCK;
 
@@ -243,9 +252,21 @@ impl Blobs {
     }
 
     /// Whether a user value must be stored out of line: too long for a record with its key
-    /// (`inline_limit` bytes of value), or one that would read as a reference.
+    /// (`inline_limit` bytes of value), or one that would read as a reference or a failed
+    /// fold (so that a stored value is one of those exactly when it reads as one).
     pub(crate) fn must_store(&self, value: &[u8], inline_limit: usize) -> bool {
-        self.file.is_some() && (value.len() > inline_limit || BlobRef::decode(value).is_some())
+        self.file.is_some()
+            && (value.len() > inline_limit
+                || BlobRef::decode(value).is_some()
+                || value.starts_with(&FAILED_FOLD))
+    }
+
+    /// Whether stored values may be other than the user's own (references, failed folds):
+    /// only where values can be stored out of line, since an in-memory tree stores every
+    /// user value as it is and folds every merge when it is made.
+    #[inline]
+    pub(crate) fn marks_values(&self) -> bool {
+        self.file.is_some()
     }
 
     /// Writes `value` to a new extent (synced first when `sync`: its reference may become

@@ -5,5 +5,5 @@
 mod extents;
 mod outline;
 
-pub(in crate::tree) use extents::{BlobPin, BlobRef, Blobs, TableEntry, REF_LEN};
+pub(in crate::tree) use extents::{BlobPin, Blobs, TableEntry, FAILED_FOLD, MARKED, REF_LEN};
 pub(in crate::tree) use outline::Stored;

@@ -72,8 +72,12 @@ impl Shared {
     /// value itself, or the extent it references, read and verified.
     ///
     /// # Errors
-    /// `Io` or `Corruption` reading the extent.
+    /// `Io` or `Corruption` reading the extent; the error a failed fold stands for
+    /// (`merge.rs`).
     pub(crate) fn user_value(&self, stored: Vec<u8>) -> Result<Vec<u8>> {
+        if let Some(failed) = self.failed_fold(&stored) {
+            return Err(failed);
+        }
         match self.storage().blobs().decode(&stored) {
             None => Ok(stored),
             Some(r) => self.read_blob(&r),
@@ -126,6 +130,9 @@ impl Shared {
         loop {
             if !found {
                 return Ok(false);
+            }
+            if let Some(failed) = self.failed_fold(out) {
+                return Err(failed);
             }
             let Some(r) = self.storage().blobs().decode(out) else {
                 return Ok(true);

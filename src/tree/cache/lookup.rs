@@ -174,7 +174,7 @@ impl Shared {
         match node.get(key) {
             Some((_, RecordKind::Upsert, list)) => {
                 let base = self.disk_value(path, node.disk_page(), key)?;
-                self.fold(key, base.as_deref(), list)
+                self.fold_or_mark(key, base.as_deref(), list)
             }
             Some((_, kind, value)) => Ok(kind.exists().then(|| value.to_vec())),
             None if node.kind() == NodeKind::Leaf => Ok(None),

@@ -33,7 +33,8 @@ impl Shared {
         let (records, dirty) = match page.mini() {
             Some(b) => {
                 let mini = NodeRef::from_bytes(b);
-                let fold = &mut |k: &[u8], b: Option<&[u8]>, ops: &[u8]| self.fold(k, b, ops);
+                let fold =
+                    &mut |k: &[u8], b: Option<&[u8]>, ops: &[u8]| self.fold_or_mark(k, b, ops);
                 let Ok(records) = node::merge_sorted(leaf, mini, fold) else {
                     return false;
                 };
@@ -196,9 +197,9 @@ impl Shared {
                     .corruption(Some(p), "a damaged leaf cannot take more writes"));
             }
             match mini {
-                Some(mini) => {
-                    node::merge_sorted(leaf, mini, &mut |k, base, ops| self.fold(k, base, ops))
-                }
+                Some(mini) => node::merge_sorted(leaf, mini, &mut |k, base, ops| {
+                    self.fold_or_mark(k, base, ops)
+                }),
                 None => Ok(node_records(leaf)),
             }
         })
@@ -213,7 +214,7 @@ impl Shared {
         let mut out = Vec::with_capacity(mini.len());
         for mut r in node_records(mini) {
             if r.kind == RecordKind::Upsert {
-                let Some(v) = self.fold(&r.key, None, &r.value)? else {
+                let Some(v) = self.fold_or_mark(&r.key, None, &r.value)? else {
                     continue;
                 };
                 r.value = node::Bytes::from_slice(&v);

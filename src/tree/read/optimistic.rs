@@ -214,7 +214,9 @@ impl Shared {
             }
             let node = NodeRef::from_bytes(snap);
             if node.disk_page().is_none_or(|p| p == NO_PAGE) {
-                fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
+                fold_alone(node, start, end, out, |k, b, ops| {
+                    self.fold_or_mark(k, b, ops)
+                })?;
             } else {
                 return Ok(None);
             }

@@ -19,7 +19,7 @@ use super::scan_buffers::ScanBuffers;
 use super::scan_locked::Ahead;
 use crate::error::Result;
 use crate::sync;
-use crate::tree::blob::{BlobPin, BlobRef};
+use crate::tree::blob::{BlobPin, MARKED};
 use crate::tree::index::Seek;
 use crate::tree::keyspace::{Entered, Space};
 use crate::tree::{KeyValue, Shared};
@@ -32,8 +32,10 @@ const READ_AHEAD_AFTER: u64 = 3;
 
 /// Iterator over a key range; see [`Tree::range`](crate::Tree::range).
 ///
-/// Yields `Result<(key, value)>`: an I/O or corruption error while reading a leaf is
-/// returned once, after which the iterator ends.
+/// Yields `Result<(key, value)>`. An I/O or corruption error while reading a leaf is
+/// returned once, after which the iterator ends. An error of one record's value alone (a
+/// value stored out of line that fails its check, a key whose merges could not be folded)
+/// is yielded in that record's place, and the iterator goes on with the keys after it.
 ///
 /// An iterator sees every [`Batch`](crate::Batch) committed before it was created whole,
 /// and none committed after. For that, while it lives, each later batch keeps the old
@@ -385,16 +387,16 @@ impl<'t> Range<'t> {
             self.finished = true;
             return None;
         }
-        let yielded = lend(
+        // An error for this record's value alone (a damaged extent, a failed fold) takes
+        // its place: the records after it are still yielded.
+        Some(lend(
             self.tree,
             self.space,
             self.values,
             k,
             v,
             &mut self.blob_value,
-        );
-        self.finished |= yielded.is_err();
-        Some(yielded)
+        ))
     }
 
     /// The next record from the back, borrowed from the iterator: as
@@ -433,16 +435,16 @@ impl<'t> Range<'t> {
             self.finished = true;
             return None;
         }
-        let yielded = lend(
+        // An error for this record's value alone (a damaged extent, a failed fold) takes
+        // its place: the records after it are still yielded.
+        Some(lend(
             self.tree,
             self.space,
             self.values,
             k,
             v,
             &mut self.blob_value,
-        );
-        self.finished |= yielded.is_err();
-        Some(yielded)
+        ))
     }
 }
 
@@ -513,26 +515,32 @@ fn lend<'a>(
     blob_value: &'a mut Vec<u8>,
 ) -> Result<(&'a [u8], &'a [u8])> {
     let key = &key[space.prefix().as_slice().len()..];
-    if values == Values::Read {
-        if let Some(r) = tree.storage().blobs().decode(value) {
-            return read_outline(tree, &r, key, blob_value);
-        }
+    if values == Values::Read && value.first() == Some(&MARKED) {
+        return read_marked(tree, key, value, blob_value);
     }
     Ok((key, value))
 }
 
-/// The value a reference names, read into `blob_value`, with its key. Out of line and
-/// marked cold so that `lend` stays small: only values stored out of line come here, and
-/// reading one from the blob file costs far more than the call.
+/// A stored value that may not be the user's own (it starts with [`MARKED`]), with its
+/// key: the value a reference names, read into `blob_value`; the error a failed fold
+/// stands for; else the value as it is. Out of line and marked cold so that `lend` stays
+/// small: only values stored out of line come here (and user values that start with that
+/// byte), and reading one from the blob file costs far more than the call.
 #[cold]
 #[inline(never)]
-fn read_outline<'a>(
+fn read_marked<'a>(
     tree: &Shared,
-    r: &BlobRef,
     key: &'a [u8],
+    value: &'a [u8],
     blob_value: &'a mut Vec<u8>,
 ) -> Result<(&'a [u8], &'a [u8])> {
-    *blob_value = tree.read_blob(r)?;
+    if let Some(failed) = tree.failed_fold(value) {
+        return Err(failed);
+    }
+    let Some(r) = tree.storage().blobs().decode(value) else {
+        return Ok((key, value));
+    };
+    *blob_value = tree.read_blob(&r)?;
     Ok((key, blob_value.as_slice()))
 }
 

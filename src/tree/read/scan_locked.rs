@@ -60,7 +60,9 @@ impl Shared {
         };
         let Some(disk) = disk.filter(|p| *p != NO_PAGE) else {
             if let Some(node) = over {
-                fold_alone(node, start, end, out, |k, b, ops| self.fold(k, b, ops))?;
+                fold_alone(node, start, end, out, |k, b, ops| {
+                    self.fold_or_mark(k, b, ops)
+                })?;
             }
             return Ok(());
         };
@@ -76,7 +78,7 @@ impl Shared {
             // The mini-page again: `page` moves into the upgrade below.
             let over = page.mini().map(NodeRef::from_bytes);
             overlay(leaf, over, start, end, out, |k, b, ops| {
-                self.fold(k, b, ops)
+                self.fold_or_mark(k, b, ops)
             })?;
             if self.config().promotion_percent.min(SCAN_MIRROR_MAX_PERCENT)
                 > crate::tree::cache::percent_roll()

@@ -333,7 +333,7 @@ impl Shared {
             if merged.is_err() || NodeRef::from_bytes(buf).is_empty() {
                 let records =
                     node::merge_sorted(NodeRef::from_bytes(buf), mini, &mut |k, b, ops| {
-                        self.fold(k, b, ops)
+                        self.fold_or_mark(k, b, ops)
                     })?;
                 return Ok(Some((records, damaged)));
             }
