@@ -11,7 +11,7 @@ use crate::node::{NodeKind, NodeMut};
 use crate::pool::{BufferPool, Evicted, Location, PageId, WriteGuard};
 use crate::sync::{self, AtomicBool, Ordering};
 use crate::tree::background::Control;
-use crate::tree::batch::Rewind;
+use crate::tree::versions::Versions;
 use crate::tree::cache::Doorkeeper;
 use crate::tree::cache::Written;
 use crate::tree::catalog::Catalog;
@@ -51,8 +51,9 @@ pub(crate) struct Shared {
     dir: Option<DirLock>,
     /// The keyspaces (`catalog.rs`).
     catalog: Catalog,
-    /// The batch sequence and what scans need of it (`rewind.rs`).
-    rewind: Rewind,
+    /// The write sequence, who reads at which point of it, and the old values they need
+    /// (`versions/`).
+    versions: Versions,
 }
 
 impl Shared {
@@ -88,7 +89,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             dir,
             catalog: Catalog::new(),
-            rewind: Rewind::default(),
+            versions: Versions::default(),
         }
     }
 
@@ -168,10 +169,10 @@ impl Shared {
         &self.catalog
     }
 
-    /// The batch sequence and the undo scans may need.
+    /// The write sequence and the old values scans, snapshots and transactions need.
     #[inline]
-    pub(crate) fn rewind(&self) -> &Rewind {
-        &self.rewind
+    pub(crate) fn versions(&self) -> &Versions {
+        &self.versions
     }
 
     /// The evictor threads' doorbell.

@@ -12,13 +12,13 @@
 //!    the leaf's range) gets it here, content unchanged (a split of its current records at
 //!    separators chosen so the batch's records fit too); the attempt then restarts. A full
 //!    buffer drops what was built and restarts after eviction.
-//! 3. **Apply**: take a ticket in the batch sequence (`rewind.rs`), save the old values if a
+//! 3. **Apply**: take a ticket in the batch sequence (`versions/store.rs`), save the old values if a
 //!    scan may need them, write every node, append the one log record, publish the undo,
 //!    release.
 
 use std::ops::Range;
 
-use super::rewind::Undo;
+use crate::tree::versions::Undo;
 use crate::error::{Error, Result};
 use crate::pool::WriteGuard;
 use crate::sync;
@@ -224,8 +224,8 @@ impl Shared {
 
     /// One attempt at a commit (see the module docs).
     fn try_commit(&self, writes: &[Write], body: &[u8]) -> Result<Attempted> {
-        // Without a log, a checkpoint must not catch the batch half-applied (`rewind.rs`).
-        let _unlogged = (!self.journal().logs_writes()).then(|| self.rewind().batch_applying());
+        // Without a log, a checkpoint must not catch the batch half-applied (`versions/store.rs`).
+        let _unlogged = (!self.journal().logs_writes()).then(|| self.versions().batch_applying());
         let guard = sync::pin();
         let Some(mut held) = self.lock_leaves(&guard, writes) else {
             return Ok(Attempted::Retry);
@@ -248,7 +248,7 @@ impl Shared {
         if retry {
             return Ok(Attempted::Retry);
         }
-        let ticket = self.rewind().ticket();
+        let ticket = self.versions().ticket();
         let undo = if ticket.save_undo() {
             let mut undo: Undo = Vec::with_capacity(writes.len());
             for h in &held {
@@ -276,7 +276,7 @@ impl Shared {
             let outline = undo
                 .iter()
                 .any(|(_, old)| old.as_deref().is_some_and(|v| blobs.decode(v).is_some()));
-            self.rewind()
+            self.versions()
                 .publish(&ticket, undo, outline.then(|| blobs.pin()));
         }
         // Emptied mirrors leave the tree, as after a single removal.

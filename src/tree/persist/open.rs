@@ -345,9 +345,9 @@ impl Shared {
         };
         let mut plan = Plan::new(lsn, from, &mut seen).toward(toward, budget);
         // Without a log to replay, the leaves written below must not catch a batch
-        // half-applied: batches wait until the snapshot is taken (`rewind.rs`).
+        // half-applied: batches wait until the snapshot is taken (`versions/store.rs`).
         let batches_held =
-            (!self.journal().logs_writes()).then(|| self.rewind().checkpoint_writing());
+            (!self.journal().logs_writes()).then(|| self.versions().checkpoint_writing());
         self.storage().pages().start_checkpoint();
         // First pass, without the structure lock: write back every buffered leaf while
         // writers (splits included) go on. A leaf whose split finds the lock busy is left to

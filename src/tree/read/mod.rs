@@ -11,7 +11,7 @@
 //! | `readahead.rs` | the next leaf's page read with the current one, for long scans |
 //! | `multi.rs` | `get_many`: the misses of many keys read together |
 //!
-//! A scan depends on keyspaces (its bounds and gate) and on the batch undo (`batch::Rewind`),
+//! A scan depends on keyspaces (its bounds and gate) and on the batch undo (`versions::Versions`),
 //! never the reverse.
 
 mod copied;

@@ -96,8 +96,8 @@ pub struct Range<'t> {
     back_done: bool,
     finished: bool,
     /// The last batch number when the scan started: later batches are kept out of what it
-    /// yields (`rewind.rs`).
-    start: crate::tree::batch::ScanStart,
+    /// yields (`versions/store.rs`).
+    start: crate::tree::versions::ScanStart,
 }
 
 /// What a scan yields for a value stored out of line.
@@ -175,7 +175,7 @@ impl<'t> Range<'t> {
             front_done: empty,
             back_done: empty,
             finished: empty,
-            start: tree.rewind().begin_scan(),
+            start: tree.versions().begin_scan(),
         }
     }
 
@@ -229,7 +229,7 @@ impl<'t> Range<'t> {
                 goes_on
             };
             self.tree.journal().check()?;
-            if self.tree.rewind().batched_since(self.start) {
+            if self.tree.versions().batched_since(self.start) {
                 // This leaf's part of the range: from the front to its high bound.
                 let end = if goes_on {
                     Bound::Excluded(high.clone())
@@ -238,7 +238,7 @@ impl<'t> Range<'t> {
                 };
                 let mut items = self.front_buf.take_all();
                 self.tree
-                    .rewind()
+                    .versions()
                     .rewind(self.start, &mut items, &self.front, &end);
                 self.front_buf.extend(items);
             }
@@ -298,7 +298,7 @@ impl<'t> Range<'t> {
                 has_low
             };
             self.tree.journal().check()?;
-            if self.tree.rewind().batched_since(self.start) {
+            if self.tree.versions().batched_since(self.start) {
                 // This leaf's part of the range: from its low bound to the back.
                 let start = if has_low && !at_or_below_start(&self.lower, &low) {
                     Bound::Included(low.clone())
@@ -307,7 +307,7 @@ impl<'t> Range<'t> {
                 };
                 let mut items = self.back_buf.take_all();
                 self.tree
-                    .rewind()
+                    .versions()
                     .rewind(self.start, &mut items, &start, &self.back);
                 self.back_buf.extend(items);
             }
@@ -471,7 +471,7 @@ impl std::iter::FusedIterator for Range<'_> {}
 
 impl Drop for Range<'_> {
     fn drop(&mut self) {
-        self.tree.rewind().end_scan(self.start);
+        self.tree.versions().end_scan(self.start);
         let mut keys = std::mem::take(&mut self.keys);
         for bound in [
             &mut self.lower,

@@ -50,7 +50,7 @@ const REGISTERING: u64 = u64::MAX;
 #[repr(align(64))]
 struct Slot(AtomicU64);
 
-/// Where a scan in progress is registered (see [`Rewind::begin_scan`]).
+/// Where a scan in progress is registered (see [`Versions::begin_scan`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ScanStart {
     /// The last batch number when the scan started.
@@ -60,7 +60,7 @@ pub(crate) struct ScanStart {
 }
 
 /// The batch sequence, the scans in progress, and the undo they may need.
-pub(crate) struct Rewind {
+pub(crate) struct Versions {
     /// The number the last batch took.
     seq: AtomicU64,
     slots: [Slot; SLOTS],
@@ -101,9 +101,9 @@ impl Ticket {
     }
 }
 
-impl Default for Rewind {
-    fn default() -> Rewind {
-        Rewind {
+impl Default for Versions {
+    fn default() -> Versions {
+        Versions {
             seq: AtomicU64::new(0),
             slots: std::array::from_fn(|_| Slot(AtomicU64::new(0))),
             overflow: AtomicUsize::new(0),
@@ -114,8 +114,8 @@ impl Default for Rewind {
     }
 }
 
-impl Rewind {
-    /// Registers a scan; returns where, with its start number (see [`Rewind::end_scan`]).
+impl Versions {
+    /// Registers a scan; returns where, with its start number (see [`Versions::end_scan`]).
     pub(crate) fn begin_scan(&self) -> ScanStart {
         let home = crate::pool::my_shard() % SLOTS;
         for i in 0..SLOTS {
@@ -271,7 +271,7 @@ impl Rewind {
 impl State {
     /// Drops the undo no scan in progress needs: that of batches numbered at or before the
     /// earliest start.
-    fn prune(&mut self, rewind: &Rewind) {
+    fn prune(&mut self, rewind: &Versions) {
         if self.saved.is_empty() {
             return;
         }
@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_scan_sees_batches_from_before_its_start_and_not_after() {
-        let r = Rewind::default();
+        let r = Versions::default();
         let before = r.ticket();
         assert!(!before.save_undo(), "no scan: nothing to save");
         let scan = r.begin_scan();
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn scans_past_the_slots_register_under_the_lock() {
-        let r = Rewind::default();
+        let r = Versions::default();
         let scans: Vec<ScanStart> = (0..SLOTS + 6).map(|_| r.begin_scan()).collect();
         assert_eq!(scans.iter().filter(|s| s.slot.is_none()).count(), 6);
         let t = r.ticket();
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn the_earliest_later_batch_gives_the_old_value() {
-        let r = Rewind::default();
+        let r = Versions::default();
         let scan = r.begin_scan();
         let first = r.ticket();
         let second = r.ticket();
