@@ -94,6 +94,7 @@ pub struct Config {
     pub(crate) idle_write_back: Option<Duration>,
     pub(crate) flush_interval: Duration,
     pub(crate) checkpoint_log_bytes: u64,
+    pub(crate) max_snapshot_bytes: usize,
     pub(crate) log_segment_size: u64,
     pub(crate) log_staging_size: usize,
     pub(crate) merge_operator: Option<MergeOperator>,
@@ -157,6 +158,7 @@ impl Config {
             idle_write_back: Some(Duration::from_millis(50)),
             flush_interval: Duration::from_millis(5),
             checkpoint_log_bytes: 128 << 20,
+            max_snapshot_bytes: 64 << 20,
             log_segment_size: DEFAULT_LOG_SEGMENT_SIZE,
             log_staging_size: DEFAULT_LOG_STAGING_SIZE,
             merge_operator: None,
@@ -378,6 +380,23 @@ impl Config {
     #[must_use]
     pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Self {
         self.checkpoint_log_bytes = bytes;
+        self
+    }
+
+    /// The most memory the old values kept for open snapshots and transactions may take
+    /// (estimated: keys, values and their bookkeeping). Past it, writers go on, and the
+    /// oldest snapshot or transaction that needs them is made too old: its next read
+    /// returns [`Error::SnapshotTooOld`](crate::Error::SnapshotTooOld), a transaction's
+    /// commit [`Error::Conflict`](crate::Error::Conflict). Any value is accepted. Default
+    /// 64 MiB.
+    ///
+    /// ```
+    /// let config = bfkv::Config::in_memory().max_snapshot_bytes(256 << 20);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
+    pub fn max_snapshot_bytes(mut self, bytes: usize) -> Self {
+        self.max_snapshot_bytes = bytes;
         self
     }
 

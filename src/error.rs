@@ -113,6 +113,35 @@ pub enum Error {
         /// The panic's message (empty if it carried no string).
         reason: String,
     },
+    /// A transaction's commit found that a key it read, or a key in a range it scanned,
+    /// was written by someone else after the transaction started (or its snapshot became
+    /// too old); nothing was applied. Run the transaction again
+    /// ([`Tree::transact`](crate::Tree::transact) does).
+    Conflict {
+        /// The keyspace of the key (empty for the default keyspace).
+        keyspace: String,
+        /// The key (without its keyspace); empty when the snapshot became too old.
+        key: Vec<u8>,
+    },
+    /// What a snapshot or a transaction needed to read at its moment was dropped, because
+    /// the old values kept for open snapshots outgrew
+    /// [`Config::max_snapshot_bytes`](crate::Config::max_snapshot_bytes) and this was the
+    /// oldest; take a new snapshot.
+    SnapshotTooOld {
+        /// The limit that was reached (bytes).
+        limit: u64,
+    },
+}
+
+/// A key as an error message shows it: printable ASCII as it is, other bytes escaped, at
+/// most 64 bytes of it.
+pub(crate) fn shown(key: &[u8]) -> String {
+    let cut = key.len() > 64;
+    let mut s = format!("\"{}\"", key[..key.len().min(64)].escape_ascii());
+    if cut {
+        s.push_str("...");
+    }
+    s
 }
 
 impl Error {
@@ -228,6 +257,15 @@ impl fmt::Display for Error {
                 write!(f, "batch of {len} bytes exceeds the limit of {limit} bytes")
             }
             Error::InvalidInput { reason } => write!(f, "invalid input: {reason}"),
+            Error::Conflict { keyspace, key } => write!(
+                f,
+                "transaction conflict: key {} of keyspace {keyspace:?} changed since the transaction started",
+                crate::error::shown(key)
+            ),
+            Error::SnapshotTooOld { limit } => write!(
+                f,
+                "the snapshot is too old: the old values kept for open snapshots outgrew {limit} bytes"
+            ),
             Error::MergeFailed { reason } => write!(
                 f,
                 "the merge operator panicked folding this key's pending operands: {reason}"

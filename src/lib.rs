@@ -44,7 +44,7 @@ mod wal;
 pub use config::{Config, Durability, IoBackend};
 pub use error::{Error, Result};
 pub use limits::Limits;
-pub use tree::{Batch, Keyspace, Range, Stats, Tree};
+pub use tree::{Batch, Keyspace, Range, Snapshot, Stats, Transaction, TransactionRange, Tree};
 
 /// Entry points into the lower layers for the fuzz targets (`--cfg fuzzing`, set by `cargo
 /// fuzz`) and the layer benches (`--cfg bfkv_internals`). Not a

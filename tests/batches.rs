@@ -128,7 +128,7 @@ fn an_invalid_write_fails_the_whole_batch() {
     let mut b = tree.batch();
     b.insert(&ks, b"mine", b"1");
     b.insert(&stranger.default_keyspace(), b"theirs", b"1");
-    assert!(matches!(b.commit(), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(b.commit(), Err(Error::InvalidInput { .. })));
     assert_eq!(ks.get(b"mine").expect("get"), None);
     assert_eq!(stranger.get(b"theirs").expect("get"), None);
 }

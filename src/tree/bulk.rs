@@ -364,6 +364,9 @@ impl<'s> Loader<'s> {
             tracker.written(leaf.page_id(), page_no, lsn);
             entries.push(Entry::leaf(leaf_low.unwrap_or_default(), leaf.page_id()));
         }
+        // Snapshots would see the loaded records appear (nothing saves their absence):
+        // those open now are made too old instead.
+        shared.versions().make_all_too_old();
         // A replacement by leaves never removes the last leaf: this cannot fail.
         let published = shared.publish(&smo, &self.first, pid, entries);
         debug_assert!(published);

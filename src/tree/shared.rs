@@ -11,7 +11,6 @@ use crate::node::{NodeKind, NodeMut};
 use crate::pool::{BufferPool, Evicted, Location, PageId, WriteGuard};
 use crate::sync::{self, AtomicBool, Ordering};
 use crate::tree::background::Control;
-use crate::tree::versions::Versions;
 use crate::tree::cache::Doorkeeper;
 use crate::tree::cache::Written;
 use crate::tree::catalog::Catalog;
@@ -21,6 +20,7 @@ use crate::tree::persist::DirLock;
 use crate::tree::persist::Journal;
 use crate::tree::stats::{Counters, Event};
 use crate::tree::storage::Storage;
+use crate::tree::versions::Versions;
 use crate::tree::writeback::PageBatch;
 use crate::tree::writeback::{SUPERSEDED_LEAST, WANTED_SHARE};
 use crate::tree::{Restart, Step, WriteOp, NO_PAGE};
@@ -78,6 +78,7 @@ impl Shared {
             } else {
                 config.cache_size
             }),
+            versions: Versions::new(config.max_snapshot_bytes),
             config,
             index,
             pool,
@@ -89,7 +90,6 @@ impl Shared {
             closed: AtomicBool::new(false),
             dir,
             catalog: Catalog::new(),
-            versions: Versions::default(),
         }
     }
 
@@ -332,6 +332,13 @@ impl Shared {
             let Some(op) = decide(self, &path, &page)? else {
                 return Ok(None);
             };
+            // While a snapshot or a transaction is open, what the write replaces is saved
+            // for it before the leaf is released (`versions/store.rs`).
+            let old = if self.versions.versioning() {
+                Some(self.value_in_leaf(&path, &page, key)?)
+            } else {
+                None
+            };
             let written = match self.write_in_leaf(&path, &mut page, key, op)? {
                 Step::Done(written) => written,
                 Step::Restart(restart) => {
@@ -341,6 +348,11 @@ impl Shared {
                     continue;
                 }
             };
+            if let Some(old) = old {
+                let undo = vec![(key.to_vec(), old)];
+                let pin = self.pin_for(&undo);
+                self.versions.record(undo, pin, |_| Ok(()))?;
+            }
             let appended = if log {
                 self.journal.append(key, op)?
             } else {

@@ -94,6 +94,19 @@ pub struct Stats {
     pub blob_bytes_in_use: u64,
     /// Bytes of the blob file free for reuse.
     pub blob_bytes_free: u64,
+    /// Snapshots and transactions open now.
+    pub snapshots_open: u64,
+    /// Bytes the old values kept for open snapshots and transactions take now (estimated;
+    /// bounded by [`Config::max_snapshot_bytes`](crate::Config::max_snapshot_bytes)).
+    pub snapshot_bytes: u64,
+    /// Snapshots and transactions made too old, so far, to keep within that bound.
+    pub snapshots_too_old: u64,
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Transaction commits refused with [`Error::Conflict`](crate::Error::Conflict).
+    pub conflicts: u64,
+    /// Transactions [`Tree::transact`](crate::Tree::transact) ran again after a conflict.
+    pub retries: u64,
 }
 
 /// Stripes of the per-operation counters.
@@ -150,6 +163,12 @@ pub(crate) enum Event {
     ForegroundEviction,
     /// An atomic batch applied.
     Batch,
+    /// A transaction committed.
+    Transaction,
+    /// A transaction's commit refused as a conflict.
+    Conflict,
+    /// A transaction run again after a conflict.
+    Retry,
 }
 
 /// The live counters behind [`Stats`]: relaxed atomics, bumped through [`Counters::count`].
@@ -171,6 +190,9 @@ pub(crate) struct Counters {
     replayed: AtomicU64,
     foreground_evictions: AtomicU64,
     batches: AtomicU64,
+    transactions: AtomicU64,
+    conflicts: AtomicU64,
+    retries: AtomicU64,
     blobs_written: AtomicU64,
     blob_bytes_written: AtomicU64,
     blobs_read: AtomicU64,
@@ -199,6 +221,9 @@ impl Counters {
             Event::Checkpoint => &self.checkpoints,
             Event::ForegroundEviction => &self.foreground_evictions,
             Event::Batch => &self.batches,
+            Event::Transaction => &self.transactions,
+            Event::Conflict => &self.conflicts,
+            Event::Retry => &self.retries,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -258,6 +283,7 @@ impl Shared {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (blocks_used, blocks_free, extents) = self.storage().blobs().usage();
         let block = crate::store::BLOB_BLOCK;
+        let versions = self.versions().stats();
         Stats {
             cache_hits: c.sum(|h| &h.cache_hits),
             cache_misses: c.sum(|h| &h.cache_misses),
@@ -293,6 +319,12 @@ impl Shared {
             blob_extents: extents as u64,
             blob_bytes_in_use: blocks_used * block,
             blob_bytes_free: blocks_free * block,
+            snapshots_open: versions.open,
+            snapshot_bytes: versions.bytes,
+            snapshots_too_old: versions.too_old,
+            transactions: get(&c.transactions),
+            conflicts: get(&c.conflicts),
+            retries: get(&c.retries),
         }
     }
 }

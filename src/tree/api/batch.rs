@@ -4,7 +4,7 @@
 use super::keyspace::Keyspace;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
-use crate::tree::batch::{Change, Write};
+use crate::tree::batch::{Change, Check, Write};
 use crate::tree::keyspace::Space;
 use crate::tree::Shared;
 
@@ -161,7 +161,8 @@ impl Batch {
     ///
     /// # Errors
     /// The first invalid write's error ([`Error::KeyTooLarge`], [`Error::ValueTooLarge`],
-    /// [`Error::InvalidConfig`] for a keyspace of another tree); [`Error::BatchTooLarge`]
+    /// [`Error::InvalidInput`] for a keyspace of another tree, [`Error::InvalidConfig`] for a
+    /// merge without a merge operator); [`Error::BatchTooLarge`]
     /// past the limit; [`Error::KeyspaceDropped`] or [`Error::Closed`]; [`Error::Io`] or
     /// [`Error::Corruption`] from a leaf the batch had to read, or [`Error::CacheFull`]
     /// for an in-memory tree without room: then nothing was applied. A failure of the log
@@ -179,6 +180,12 @@ impl Batch {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn commit(self) -> Result<()> {
+        self.commit_checked(None)
+    }
+
+    /// As [`Batch::commit`], with `check` run just before the writes take their number (a
+    /// transaction's validation, `Shared::commit_checked`).
+    pub(crate) fn commit_checked(self, check: Option<&Check<'_>>) -> Result<()> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -188,9 +195,14 @@ impl Batch {
             .iter()
             .map(|s| s.enter())
             .collect::<Result<Vec<_>>>()?;
-        self.shared.commit_batch(self.writes)?;
+        self.shared.commit_checked(self.writes, check)?;
         self.shared.after_write();
         Ok(())
+    }
+
+    /// The writes added so far (stored keys), in order.
+    pub(crate) fn writes(&self) -> &[Write] {
+        &self.writes
     }
 
     /// Adds one write, or notes why it is invalid.
@@ -206,7 +218,7 @@ impl Batch {
         }
         let (shared, space) = keyspace.parts();
         if !std::sync::Arc::ptr_eq(shared, &self.shared) {
-            self.error = Some(Error::InvalidConfig {
+            self.error = Some(Error::InvalidInput {
                 reason: "a batch names a keyspace of another tree",
             });
             return;

@@ -18,7 +18,6 @@
 
 use std::ops::Range;
 
-use crate::tree::versions::Undo;
 use crate::error::{Error, Result};
 use crate::pool::WriteGuard;
 use crate::sync;
@@ -27,7 +26,12 @@ use crate::tree::blob::REF_LEN;
 use crate::tree::index::Path;
 use crate::tree::keyspace::user_key;
 use crate::tree::stats::Event;
+use crate::tree::versions::{Undo, Written};
 use crate::tree::{Restart, Shared, Step};
+
+/// A check a commit runs just before its writes take their number (a transaction's
+/// validation of its reads, `Versions::record`).
+pub(crate) type Check<'c> = dyn Fn(&Written<'_>) -> Result<()> + 'c;
 
 /// One write of a batch: the stored key (keyspace prefix included) and what it does.
 pub(crate) type Write = (Vec<u8>, Change);
@@ -86,13 +90,20 @@ impl Shared {
     /// readers see all of them or none, and the log holds them as one record. Waits for
     /// durability like a single write.
     ///
+    /// With `check`, it runs under the version store's lock just before the writes take
+    /// their number (`Versions::record`): a transaction's validation of its reads.
+    ///
     /// # Errors
     /// `BatchTooLarge` past [`Limits::max_batch_len`](crate::Limits::max_batch_len); `Io`
     /// or `Corruption` from a leaf the batch must read, or from the log; the merge
-    /// operator's errors (`Shared::fold`). Nothing is applied on any error but a failure of
+    /// operator's errors (`Shared::fold`); `check`'s. Nothing is applied on any error but a failure of
     /// the log itself, after which the tree refuses every call until reopened (as for a
     /// single write).
-    pub(crate) fn commit_batch(&self, mut writes: Vec<Write>) -> Result<()> {
+    pub(crate) fn commit_checked(
+        &self,
+        mut writes: Vec<Write>,
+        check: Option<&Check<'_>>,
+    ) -> Result<()> {
         let merges = writes
             .iter()
             .filter(|(_, c)| matches!(c, Change::Merge(_)))
@@ -126,7 +137,7 @@ impl Shared {
         }
         self.journal().check()?;
         let extents = self.store_batch_values(&mut writes)?;
-        let result = self.commit_stored(&writes, len, merges);
+        let result = self.commit_stored(&writes, len, merges, check);
         for &start in &extents {
             // Even a failed commit may have applied them (a log that refused its record).
             self.storage().blobs().applied(start);
@@ -172,8 +183,14 @@ impl Shared {
         Ok(extents)
     }
 
-    /// `commit_batch` once the writes hold what their leaves store (`len` bytes logged).
-    fn commit_stored(&self, writes: &[Write], len: u64, merges: u64) -> Result<()> {
+    /// `commit_checked` once the writes hold what their leaves store (`len` bytes logged).
+    fn commit_stored(
+        &self,
+        writes: &[Write],
+        len: u64,
+        merges: u64,
+        check: Option<&Check<'_>>,
+    ) -> Result<()> {
         // The log record's body, when writes are logged.
         let mut body = Vec::new();
         if self.journal().logs_writes() {
@@ -184,7 +201,7 @@ impl Shared {
         }
         let mut spins = 0u32;
         loop {
-            match self.try_commit(writes, &body)? {
+            match self.try_commit(writes, &body, check)? {
                 Attempted::Done(appended) => {
                     if merges > 0 {
                         self.counters().upserts(merges);
@@ -223,7 +240,12 @@ impl Shared {
     }
 
     /// One attempt at a commit (see the module docs).
-    fn try_commit(&self, writes: &[Write], body: &[u8]) -> Result<Attempted> {
+    fn try_commit(
+        &self,
+        writes: &[Write],
+        body: &[u8],
+        check: Option<&Check<'_>>,
+    ) -> Result<Attempted> {
         // Without a log, a checkpoint must not catch the batch half-applied (`versions/store.rs`).
         let _unlogged = (!self.journal().logs_writes()).then(|| self.versions().batch_applying());
         let guard = sync::pin();
@@ -248,17 +270,29 @@ impl Shared {
         if retry {
             return Ok(Attempted::Retry);
         }
-        let ticket = self.versions().ticket();
-        let undo = if ticket.save_undo() {
+        let capture = |held: &[Held<'_>]| -> Result<Undo> {
             let mut undo: Undo = Vec::with_capacity(writes.len());
-            for h in &held {
+            for h in held {
                 for (key, _) in &writes[h.writes.clone()] {
                     undo.push((key.clone(), self.value_in_leaf(&h.path, &h.page, key)?));
                 }
             }
-            Some(undo)
+            Ok(undo)
+        };
+        // While a snapshot or a transaction is open, the writes take their number and save
+        // what they replace under the version store's lock, where a transaction's commit
+        // also checks its reads (`versions/store.rs`); else a lock-free number, and the
+        // undo only for scans in progress.
+        let (ticket, undo) = if check.is_some() || self.versions().versioning() {
+            let undo = capture(&held)?;
+            let pin = self.pin_for(&undo);
+            self.versions()
+                .record(undo, pin, |w| check.map_or(Ok(()), |c| c(w)))?;
+            (None, None)
         } else {
-            None
+            let ticket = self.versions().ticket();
+            let undo = ticket.save_undo().then(|| capture(&held)).transpose()?;
+            (Some(ticket), undo)
         };
         // Nothing below fails before the log is asked.
         let mut emptied = Vec::new();
@@ -270,14 +304,9 @@ impl Shared {
         self.counters().writes(writes.len() as u64);
         self.counters().count(Event::Batch);
         let appended = self.journal().append_batch(body);
-        if let Some(undo) = undo {
-            // Under the leaves' locks the old values' references are current.
-            let blobs = self.storage().blobs();
-            let outline = undo
-                .iter()
-                .any(|(_, old)| old.as_deref().is_some_and(|v| blobs.decode(v).is_some()));
-            self.versions()
-                .publish(&ticket, undo, outline.then(|| blobs.pin()));
+        if let (Some(ticket), Some(undo)) = (ticket, undo) {
+            let pin = self.pin_for(&undo);
+            self.versions().publish(&ticket, undo, pin);
         }
         // Emptied mirrors leave the tree, as after a single removal.
         for i in emptied.into_iter().rev() {

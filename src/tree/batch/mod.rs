@@ -6,4 +6,4 @@
 mod commit;
 mod plan;
 
-pub(in crate::tree) use commit::{Change, Write};
+pub(in crate::tree) use commit::{Change, Check, Write};

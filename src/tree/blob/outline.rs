@@ -84,6 +84,17 @@ impl Shared {
         }
     }
 
+    /// A pin for saved old values (`versions/`) if any of `undo`'s is stored out of line:
+    /// read under the leaves' locks, their references are current, and the pin keeps
+    /// their extents from reuse for as long as the values are kept.
+    pub(crate) fn pin_for(&self, undo: &crate::tree::versions::Undo) -> Option<BlobPin> {
+        let blobs = self.storage().blobs();
+        let outline = undo
+            .iter()
+            .any(|(_, old)| old.as_deref().is_some_and(|v| blobs.decode(v).is_some()));
+        outline.then(|| blobs.pin())
+    }
+
     /// A pin for a scan about to copy a leaf, if the tree has values stored out of line.
     pub(crate) fn blob_pin(&self) -> Option<BlobPin> {
         let blobs = self.storage().blobs();

@@ -17,11 +17,12 @@ use super::copied::Copied;
 use super::readahead::ReadAhead;
 use super::scan_buffers::ScanBuffers;
 use super::scan_locked::Ahead;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync;
 use crate::tree::blob::{BlobPin, MARKED};
 use crate::tree::index::Seek;
 use crate::tree::keyspace::{Entered, Space};
+use crate::tree::versions::ScanStart;
 use crate::tree::{KeyValue, Shared};
 
 /// Leaves an ascending scan copies before it reads the next leaf ahead with the one it
@@ -95,9 +96,12 @@ pub struct Range<'t> {
     front_done: bool,
     back_done: bool,
     finished: bool,
-    /// The last batch number when the scan started: later batches are kept out of what it
-    /// yields (`versions/store.rs`).
-    start: crate::tree::versions::ScanStart,
+    /// An error to yield before anything else (a scan that could not start).
+    error: Option<Error>,
+    /// The last write number when the scan (or its snapshot) started: later batches, and
+    /// for a snapshot every later write, are kept out of what it yields
+    /// (`versions/store.rs`).
+    start: ScanStart,
 }
 
 /// What a scan yields for a value stored out of line.
@@ -133,6 +137,42 @@ impl<'t> Range<'t> {
         space: &'t Space,
         gated: bool,
         range: R,
+    ) -> Range<'t> {
+        Range::from_start(tree, space, gated, range, tree.versions().begin_scan())
+    }
+
+    /// An iterator over the keys of `space` in `range` as they were when the snapshot or
+    /// transaction registered at `at` started (it stays registered: the iterator must not
+    /// outlive it).
+    pub(crate) fn at<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
+        tree: &'t Shared,
+        space: &'t Space,
+        range: R,
+        at: ScanStart,
+    ) -> Range<'t> {
+        Range::from_start(tree, space, true, range, at)
+    }
+
+    /// An iterator that yields `error` and ends (a call that could not start a scan).
+    pub(crate) fn failed(tree: &'t Shared, space: &'t Space, error: Error) -> Range<'t> {
+        let mut range = Range::from_start(
+            tree,
+            space,
+            false,
+            (Bound::Excluded([0u8]), Bound::Excluded([0u8])),
+            tree.versions().begin_scan(),
+        );
+        range.error = Some(error);
+        range.finished = false;
+        range
+    }
+
+    fn from_start<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
+        tree: &'t Shared,
+        space: &'t Space,
+        gated: bool,
+        range: R,
+        start: ScanStart,
     ) -> Range<'t> {
         let ScanBuffers {
             front: front_buf,
@@ -175,7 +215,8 @@ impl<'t> Range<'t> {
             front_done: empty,
             back_done: empty,
             finished: empty,
-            start: tree.versions().begin_scan(),
+            error: None,
+            start,
         }
     }
 
@@ -183,6 +224,9 @@ impl<'t> Range<'t> {
     /// what `next_ref` does for every record stays small enough to inline into the caller.
     #[inline(never)]
     fn fill_front(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         while self.front_buf.is_empty() && !self.front_done {
             let _in = self.enter()?;
             let guard = sync::pin();
@@ -239,7 +283,7 @@ impl<'t> Range<'t> {
                 let mut items = self.front_buf.take_all();
                 self.tree
                     .versions()
-                    .rewind(self.start, &mut items, &self.front, &end);
+                    .rewind(self.start, &mut items, &self.front, &end)?;
                 self.front_buf.extend(items);
             }
             self.front_refills += 1;
@@ -260,6 +304,9 @@ impl<'t> Range<'t> {
     /// `fill_front`).
     #[inline(never)]
     fn fill_back(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         while self.back_buf.is_empty() && !self.back_done {
             let _in = self.enter()?;
             let guard = sync::pin();
@@ -308,7 +355,7 @@ impl<'t> Range<'t> {
                 let mut items = self.back_buf.take_all();
                 self.tree
                     .versions()
-                    .rewind(self.start, &mut items, &start, &self.back);
+                    .rewind(self.start, &mut items, &start, &self.back)?;
                 self.back_buf.extend(items);
             }
             self.tree.nudge_evictors();

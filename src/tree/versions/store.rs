@@ -1,43 +1,53 @@
-//! What keeps a scan from seeing part of an atomic batch (`commit.rs`).
+//! The write sequence and the readers registered at points of it: what keeps a scan from
+//! seeing part of an atomic batch, and a snapshot or a transaction from seeing any write
+//! made after it started.
 //!
-//! A batch applies under the locks of every leaf it writes, so a lookup, which locks one
-//! leaf, sees all of it or none. A scan locks one leaf at a time and holds nothing in
-//! between: it could copy a leaf before a batch and the next leaf after it. So each batch
-//! takes a sequence number once it holds its locks, and each scan notes the last number
-//! taken when it starts. While scans are in progress, a batch also saves what its keys held
-//! before it (its *undo*), published before its locks are released; a scan puts those old
-//! values back in every leaf it copies, for each batch numbered after its start. A scan
-//! therefore sees the batches that committed before it started whole, and the later ones
-//! not at all.
+//! **Scans and batches.** A batch applies under the locks of every leaf it writes, so a
+//! lookup, which locks one leaf, sees all of it or none. A scan locks one leaf at a time
+//! and holds nothing in between: it could copy a leaf before a batch and the next leaf
+//! after it. So each batch takes a sequence number once it holds its locks, and each scan
+//! notes the last number taken when it starts. While scans are in progress, a batch also
+//! saves what its keys held before it (its *undo*, `saved.rs`), before its locks are
+//! released; a scan puts those old values back in every leaf it copies, for each write
+//! numbered after its start. Why a batch that saved nothing is never missed (both sides use
+//! `SeqCst`): a batch takes its number, then loads the scans' registration slots; a scan
+//! fills a slot, then loads the number. If the batch saw no scan, the scan's load comes
+//! after the batch's number was taken, so the scan counts the batch as before its start;
+//! every leaf the scan copies is then copied after the batch took all its locks, so after
+//! it was applied. Single writes take no number for scans: a scan sees every key present
+//! for its whole duration, not one moment.
 //!
-//! Why a batch that saved nothing is never missed (both sides use `SeqCst`): a batch takes
-//! its number, then loads the scans' registration slots; a scan fills a slot, then loads the
-//! number. If the batch saw no scan, the scan's load comes after the batch's number was
-//! taken, so the scan counts the batch as before its start; every leaf the scan copies is
-//! then copied after the batch took all its locks, so after the batch was applied.
+//! **Snapshots and transactions** see one moment: every write acknowledged before they
+//! started, none after. While one is registered ([`Versions::versioning`]), *every* write,
+//! single or batch, saves the old values of its keys before it applies, and takes its number
+//! and saves them in one step under this store's lock ([`Versions::record`]), where a
+//! transaction's commit also checks its reads. Registering loads the number under the same
+//! lock, after raising the count writers check. A write that saw no registration made its
+//! check under its leaf's lock before the registration, and holds that lock until it has
+//! applied: every read of its leaf by the snapshot comes after it, so the write is simply
+//! part of the snapshot. One that saw it takes a number after the snapshot's and saves what
+//! it replaced before anyone can read the leaf. A transaction checking its reads under the
+//! lock therefore sees every write numbered before its commit.
+//!
+//! **Memory** (`Config::max_snapshot_bytes`): saved values are dropped once no reader that
+//! started before their write is left. When they outgrow the limit, the oldest reader is
+//! made *too old* (its next read answers `Error::SnapshotTooOld`, a transaction's commit
+//! `Conflict`) and what only it needed is dropped, until they fit.
 //!
 //! A checkpoint reads leaves one at a time too. When writes are logged, replay from the
 //! checkpoint's LSN completes any batch it caught half-applied. When they are not
 //! (`Durability::None`), nothing would: so there a batch applies only while no checkpoint
 //! is writing leaves, and a checkpoint waits for the batches applying when it starts.
-//!
-//! Saved undo is dropped once no scan in progress started before its batch. With no scan
-//! running, batches save nothing; a scan writes its own slot at each end.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock};
+use super::saved::{Old, SavedValues, Undo};
+use crate::error::{Error, Result};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock};
 use crate::sync::{RwLockReadGuard, RwLockWriteGuard};
 use crate::tree::blob::BlobPin;
 use crate::tree::KeyValue;
-
-/// What a batch's keys held before it: key (keyspace prefix included) and old value
-/// (`None`: absent), ascending by key.
-pub(crate) type Undo = Vec<(Vec<u8>, Option<Vec<u8>>)>;
-
-/// A saved old value (`None`: the key was absent).
-type Old = Option<Arc<[u8]>>;
 
 /// Registration slots: a scan takes one (by its thread's shard, so two threads rarely share
 /// a cache line) instead of a shared lock or counter, which cost YCSB-E's short scans a few
@@ -50,71 +60,133 @@ const REGISTERING: u64 = u64::MAX;
 #[repr(align(64))]
 struct Slot(AtomicU64);
 
-/// Where a scan in progress is registered (see [`Versions::begin_scan`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ScanStart {
-    /// The last batch number when the scan started.
-    start: u64,
-    /// Its slot; `None`: registered under the lock.
-    slot: Option<usize>,
+/// Where a reader is registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// A scan in this slot.
+    Slot(usize),
+    /// A scan registered under the lock (every slot was taken).
+    Locked,
+    /// A snapshot or a transaction ([`Versions::register`]); its scans share it.
+    Snapshot,
 }
 
-/// The batch sequence, the scans in progress, and the undo they may need.
+/// A reader's start: the last write number when it started, and where it is registered.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScanStart {
+    start: u64,
+    place: Place,
+}
+
+impl ScanStart {
+    /// The last write number when the reader started.
+    pub(crate) fn seq(self) -> u64 {
+        self.start
+    }
+}
+
+/// The write sequence, the readers registered, and the old values they may need.
 pub(crate) struct Versions {
-    /// The number the last batch took.
+    /// The number the last write took.
     seq: AtomicU64,
     slots: [Slot; SLOTS],
     /// Scans registered under the lock (every slot was taken).
     overflow: AtomicUsize,
+    /// Snapshots and transactions registered: while any is, every write saves its undo.
+    open: AtomicUsize,
     /// Whether any undo is saved (so a scan that ends knows whether to prune).
     has_saved: AtomicBool,
     state: Mutex<State>,
-    /// Keeps batches and checkpoints apart when writes are not logged (below).
+    /// Keeps batches and checkpoints apart when writes are not logged (module docs).
     unlogged: RwLock<()>,
+    /// The most the saved values may take (`Config::max_snapshot_bytes`).
+    limit: usize,
 }
 
 #[derive(Default)]
 struct State {
     /// The start numbers of the scans registered here rather than in a slot.
     starts: Vec<u64>,
-    /// Saved old values by key: for each key, the batches that wrote it (number, old value),
-    /// ascending by number. Indexed by key so a scan looks up only its leaf's range, however
-    /// many batches ran since it started.
-    by_key: BTreeMap<Vec<u8>, Vec<(u64, Old)>>,
-    /// The numbers of the batches saved, with their keys (for pruning), in publication
-    /// order, and the pin that keeps the extents of saved values stored out of line from
-    /// reuse (`blob/extents.rs`) for as long as a scan may yield them.
-    saved: Vec<(u64, Vec<Vec<u8>>, Option<BlobPin>)>,
+    /// The start numbers of the snapshots and transactions registered, with how many
+    /// started at each.
+    snapshots: BTreeMap<u64, usize>,
+    saved: SavedValues,
+    /// Readers that started before this number are too old: what they need was dropped.
+    too_old_below: u64,
+    /// Snapshots and transactions that started before this number are too old: a change
+    /// that saves nothing for them applied since (scans, which see no single moment, go
+    /// on).
+    snapshots_too_old_below: u64,
+    /// Readers made too old so far.
+    made_too_old: u64,
 }
 
-/// A batch's place in the sequence, taken with its locks held.
+/// A write's place in the sequence, taken without the lock (no snapshot registered).
 pub(crate) struct Ticket {
     seq: u64,
-    /// Whether a scan may need the batch's undo.
+    /// Whether a scan may need the write's undo.
     save: bool,
 }
 
 impl Ticket {
-    /// Whether the batch must save its undo.
+    /// Whether the write must save its undo.
     pub(crate) fn save_undo(&self) -> bool {
         self.save
     }
 }
 
-impl Default for Versions {
-    fn default() -> Versions {
+/// What [`Versions::record`]'s check may ask of the saved values, under the lock.
+pub(crate) struct Written<'a>(&'a State);
+
+impl Written<'_> {
+    /// Whether a write numbered after `start` touched `key`.
+    pub(crate) fn key_since(&self, key: &[u8], start: u64) -> bool {
+        self.0.saved.written_since(key, start)
+    }
+
+    /// The first key between `lower` and `upper` that a write numbered after `start`
+    /// touched.
+    pub(crate) fn in_range_since(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        start: u64,
+    ) -> Option<&[u8]> {
+        self.0.saved.first_written_in(lower, upper, start)
+    }
+
+    /// Whether a snapshot or transaction that started at `start` is too old.
+    pub(crate) fn too_old(&self, start: u64) -> bool {
+        start < self.0.too_old_below.max(self.0.snapshots_too_old_below)
+    }
+}
+
+/// What [`Versions`] keeps, for `Stats`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct VersionStats {
+    /// Snapshots and transactions open.
+    pub(crate) open: u64,
+    /// Bytes the saved old values take.
+    pub(crate) bytes: u64,
+    /// Readers made too old so far.
+    pub(crate) too_old: u64,
+}
+
+impl Versions {
+    /// An empty sequence whose saved values may take `limit` bytes.
+    pub(crate) fn new(limit: usize) -> Versions {
         Versions {
             seq: AtomicU64::new(0),
             slots: std::array::from_fn(|_| Slot(AtomicU64::new(0))),
             overflow: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
             has_saved: AtomicBool::new(false),
             state: Mutex::default(),
             unlogged: RwLock::default(),
+            limit,
         }
     }
-}
 
-impl Versions {
     /// Registers a scan; returns where, with its start number (see [`Versions::end_scan`]).
     pub(crate) fn begin_scan(&self) -> ScanStart {
         let home = crate::pool::my_shard() % SLOTS;
@@ -129,7 +201,7 @@ impl Versions {
                 word.store(start + 1, Ordering::SeqCst);
                 return ScanStart {
                     start,
-                    slot: Some(slot),
+                    place: Place::Slot(slot),
                 };
             }
         }
@@ -137,41 +209,100 @@ impl Versions {
         self.overflow.fetch_add(1, Ordering::SeqCst);
         let start = self.seq.load(Ordering::SeqCst);
         state.starts.push(start);
-        ScanStart { start, slot: None }
+        ScanStart {
+            start,
+            place: Place::Locked,
+        }
     }
 
-    /// Unregisters a scan.
+    /// Unregisters a scan (a snapshot's scans stay registered with the snapshot).
     pub(crate) fn end_scan(&self, scan: ScanStart) {
-        if let Some(slot) = scan.slot {
-            self.slots[slot].0.store(0, Ordering::SeqCst);
-            if self.has_saved.load(Ordering::Acquire) {
-                self.state.lock().prune(self);
+        match scan.place {
+            Place::Slot(slot) => {
+                self.slots[slot].0.store(0, Ordering::SeqCst);
+                if self.has_saved.load(Ordering::Acquire) {
+                    let mut state = self.state.lock();
+                    self.prune(&mut state);
+                }
             }
-            return;
+            Place::Locked => {
+                let mut state = self.state.lock();
+                if let Some(i) = state.starts.iter().position(|s| *s == scan.start) {
+                    state.starts.swap_remove(i);
+                }
+                self.overflow.fetch_sub(1, Ordering::SeqCst);
+                self.prune(&mut state);
+            }
+            Place::Snapshot => {}
         }
-        let mut state = self.state.lock();
-        if let Some(i) = state.starts.iter().position(|s| *s == scan.start) {
-            state.starts.swap_remove(i);
-        }
-        self.overflow.fetch_sub(1, Ordering::SeqCst);
-        state.prune(self);
     }
 
-    /// The earliest start number of a scan in progress (0 while one is registering: it
-    /// may need anything); `None` without scans.
+    /// Registers a snapshot or a transaction: from now on every write saves what it
+    /// replaces, until [`Versions::release`].
+    pub(crate) fn register(&self) -> ScanStart {
+        let mut state = self.state.lock();
+        // Raised before the number is read: a write that misses it applied before.
+        self.open.fetch_add(1, Ordering::SeqCst);
+        let start = self.seq.load(Ordering::SeqCst);
+        *state.snapshots.entry(start).or_default() += 1;
+        ScanStart {
+            start,
+            place: Place::Snapshot,
+        }
+    }
+
+    /// Unregisters a snapshot or a transaction.
+    pub(crate) fn release(&self, snapshot: ScanStart) {
+        debug_assert_eq!(snapshot.place, Place::Snapshot);
+        let mut state = self.state.lock();
+        if let Some(n) = state.snapshots.get_mut(&snapshot.start) {
+            *n -= 1;
+            if *n == 0 {
+                state.snapshots.remove(&snapshot.start);
+            }
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        self.prune(&mut state);
+    }
+
+    /// Whether a snapshot or a transaction is registered: then every write saves its undo
+    /// and records it with [`Versions::record`]. Asked under the leaf lock of the write.
+    #[inline]
+    pub(crate) fn versioning(&self) -> bool {
+        self.open.load(Ordering::SeqCst) > 0
+    }
+
+    /// The earliest start number of a reader that is not too old (0 while a scan is
+    /// registering: it may need anything); `None` without readers.
     fn earliest_start(&self, state: &State) -> Option<u64> {
+        let registering = self
+            .slots
+            .iter()
+            .any(|s| s.0.load(Ordering::SeqCst) == REGISTERING);
+        if registering {
+            return Some(0);
+        }
+        self.registered_starts(state)
+            .filter(|s| *s >= state.too_old_below)
+            .min()
+    }
+
+    /// The start numbers of the readers registered (a scan still registering left out).
+    fn registered_starts<'s>(&'s self, state: &'s State) -> impl Iterator<Item = u64> + 's {
         let slots = self
             .slots
             .iter()
             .filter_map(|s| match s.0.load(Ordering::SeqCst) {
-                0 => None,
-                REGISTERING => Some(0),
+                0 | REGISTERING => None,
                 v => Some(v - 1),
             });
-        slots.chain(state.starts.iter().copied()).min()
+        slots
+            .chain(state.starts.iter().copied())
+            .chain(state.snapshots.keys().copied())
     }
 
-    /// Numbers a batch that holds the locks of every leaf it writes.
+    /// Numbers a write that holds the locks of every leaf it writes, while no snapshot is
+    /// registered (without the lock).
     pub(crate) fn ticket(&self) -> Ticket {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let save = self.overflow.load(Ordering::SeqCst) > 0
@@ -179,20 +310,72 @@ impl Versions {
         Ticket { seq, save }
     }
 
-    /// Publishes a batch's undo (before its locks are released), with the pin that keeps
-    /// its old values' extents, if any, from reuse.
+    /// Saves the undo of a write numbered with [`Versions::ticket`] (before its locks are
+    /// released), with the pin that keeps its old values' extents, if any.
     pub(crate) fn publish(&self, ticket: &Ticket, undo: Undo, pin: Option<BlobPin>) {
         let mut state = self.state.lock();
-        let mut keys = Vec::with_capacity(undo.len());
-        for (key, old) in undo {
-            let entries = state.by_key.entry(key.clone()).or_default();
-            let at = entries.partition_point(|(seq, _)| *seq < ticket.seq);
-            entries.insert(at, (ticket.seq, old.map(Arc::from)));
-            keys.push(key);
-        }
-        state.saved.push((ticket.seq, keys, pin));
+        state.saved.insert(ticket.seq, undo, pin);
         self.has_saved.store(true, Ordering::Release);
-        state.prune(self);
+        self.prune(&mut state);
+        if state.saved.bytes() > self.limit {
+            self.make_room(&mut state);
+        }
+    }
+
+    /// While versioning: runs `check` (a transaction's validation of its reads), then numbers
+    /// the write and saves its `undo`, all under the lock, before the write applies. Returns
+    /// the write's number, or `check`'s error (nothing numbered or saved).
+    pub(crate) fn record(
+        &self,
+        undo: Undo,
+        pin: Option<BlobPin>,
+        check: impl FnOnce(&Written<'_>) -> Result<()>,
+    ) -> Result<u64> {
+        let mut state = self.state.lock();
+        check(&Written(&state))?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        state.saved.insert(seq, undo, pin);
+        self.has_saved.store(true, Ordering::Release);
+        if state.saved.bytes() > self.limit {
+            self.make_room(&mut state);
+        }
+        Ok(seq)
+    }
+
+    /// Makes the oldest readers too old until the saved values fit the limit. Only readers
+    /// that started before the last write need anything saved.
+    fn make_room(&self, state: &mut State) {
+        let last = self.seq.load(Ordering::SeqCst);
+        while state.saved.bytes() > self.limit {
+            let Some(oldest) = self
+                .registered_starts(state)
+                .filter(|s| *s >= state.too_old_below && *s < last)
+                .min()
+            else {
+                break;
+            };
+            state.too_old_below = oldest + 1;
+            state.made_too_old += self
+                .registered_starts(state)
+                .filter(|s| *s == oldest)
+                .count() as u64;
+            self.prune(state);
+        }
+    }
+
+    /// Makes every reader registered now too old (a change that saves no undo, such as a
+    /// bulk load, is about to apply): later readers see it.
+    pub(crate) fn make_all_too_old(&self) {
+        let mut state = self.state.lock();
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let floor = state.too_old_below.max(state.snapshots_too_old_below);
+        let older = state
+            .snapshots
+            .range(floor..seq)
+            .map(|(_, n)| *n as u64)
+            .sum::<u64>();
+        state.made_too_old += older;
+        state.snapshots_too_old_below = seq;
     }
 
     /// Held by a batch applying while writes are not logged: no checkpoint writes leaves
@@ -207,201 +390,88 @@ impl Versions {
         self.unlogged.write()
     }
 
-    /// Whether a batch took a number since `scan` (a scan's start).
+    /// Whether a write took a number since `scan` (a reader's start).
     #[inline]
     pub(crate) fn batched_since(&self, scan: ScanStart) -> bool {
         self.seq.load(Ordering::SeqCst) != scan.start
     }
 
     /// Puts back, in `items` (a leaf's records between `start` and `end`, ascending), the
-    /// old values of the keys written by batches numbered after `scan` (a scan's start).
+    /// old values of the keys written since `scan` (a reader's start).
+    ///
+    /// # Errors
+    /// `SnapshotTooOld` if what the reader needs was dropped (`items` unchanged).
     pub(crate) fn rewind(
         &self,
         scan: ScanStart,
         items: &mut Vec<KeyValue>,
         start: &Bound<Vec<u8>>,
         end: &Bound<Vec<u8>>,
-    ) {
-        if is_empty(start, end) {
-            return;
-        }
-        // For each key written since the scan started, its value before the first of those
-        // batches.
-        let old: Vec<(Vec<u8>, Old)> = {
-            let state = self.state.lock();
-            state
-                .by_key
-                .range::<Vec<u8>, _>((start.as_ref(), end.as_ref()))
-                .filter_map(|(key, entries)| {
-                    let first = entries.iter().find(|(seq, _)| *seq > scan.start)?;
-                    Some((key.clone(), first.1.clone()))
-                })
-                .collect()
-        };
-        if old.is_empty() {
-            return;
-        }
-        let mut out = Vec::with_capacity(items.len() + old.len());
-        let mut old = old.into_iter().peekable();
-        for (key, value) in items.drain(..) {
-            while let Some((k, v)) = old.next_if(|(k, _)| *k < key) {
-                if let Some(v) = v {
-                    out.push((k, v.to_vec()));
-                }
-            }
-            match old.next_if(|(k, _)| *k == key) {
-                Some((_, Some(v))) => out.push((key, v.to_vec())),
-                Some((_, None)) => {}
-                None => out.push((key, value)),
-            }
-        }
-        out.extend(old.filter_map(|(k, v)| v.map(|v| (k, v.to_vec()))));
-        *items = out;
+    ) -> Result<()> {
+        let state = self.state.lock();
+        self.check_age(&state, scan)?;
+        state.saved.rewind(scan.start, items, start, end);
+        Ok(())
     }
 
-    /// Saved undo (batches saved since no scan needed them dropped): for tests.
+    /// The value `key` had for the reader that started at `scan`, if a write since replaced
+    /// it (`Some(old)`, `old` `None` if it was absent); `None` if none did, so the tree's
+    /// value is the reader's.
+    ///
+    /// # Errors
+    /// `SnapshotTooOld` if what the reader needs was dropped.
+    pub(crate) fn before(&self, scan: ScanStart, key: &[u8]) -> Result<Option<Old>> {
+        let state = self.state.lock();
+        self.check_age(&state, scan)?;
+        Ok(state.saved.before(key, scan.start))
+    }
+
+    /// `SnapshotTooOld` if the reader that started at `scan` is too old.
+    fn check_age(&self, state: &State, scan: ScanStart) -> Result<()> {
+        let floor = match scan.place {
+            Place::Snapshot => state.too_old_below.max(state.snapshots_too_old_below),
+            Place::Slot(_) | Place::Locked => state.too_old_below,
+        };
+        if scan.start < floor {
+            return Err(Error::SnapshotTooOld {
+                limit: self.limit as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops the undo no reader needs: that of writes numbered at or before the earliest
+    /// start of a reader that is not too old.
+    fn prune(&self, state: &mut State) {
+        if state.saved.is_empty() {
+            return;
+        }
+        match self.earliest_start(state) {
+            Some(first) => state.saved.prune(first),
+            None => state.saved.clear(),
+        }
+        if state.saved.is_empty() {
+            self.has_saved.store(false, Ordering::Release);
+        }
+    }
+
+    /// What is kept, for `Stats`.
+    pub(crate) fn stats(&self) -> VersionStats {
+        let state = self.state.lock();
+        VersionStats {
+            open: self.open.load(Ordering::Relaxed) as u64,
+            bytes: state.saved.bytes() as u64,
+            too_old: state.made_too_old,
+        }
+    }
+
+    /// Saved writes (those no reader needs dropped): for tests.
     #[cfg(all(test, not(shuttle)))]
     pub(crate) fn saved(&self) -> usize {
-        let state = self.state.lock();
-        debug_assert_eq!(state.by_key.is_empty(), state.saved.is_empty());
-        state.saved.len()
-    }
-}
-
-impl State {
-    /// Drops the undo no scan in progress needs: that of batches numbered at or before the
-    /// earliest start.
-    fn prune(&mut self, rewind: &Versions) {
-        if self.saved.is_empty() {
-            return;
-        }
-        let Some(first) = rewind.earliest_start(self) else {
-            self.by_key.clear();
-            self.saved.clear();
-            rewind.has_saved.store(false, Ordering::Release);
-            return;
-        };
-        let by_key = &mut self.by_key;
-        self.saved.retain(|(seq, keys, _)| {
-            if *seq > first {
-                return true;
-            }
-            for key in keys {
-                if let Some(entries) = by_key.get_mut(key) {
-                    entries.retain(|(s, _)| s != seq);
-                    if entries.is_empty() {
-                        by_key.remove(key);
-                    }
-                }
-            }
-            false
-        });
-        if self.saved.is_empty() {
-            rewind.has_saved.store(false, Ordering::Release);
-        }
-    }
-}
-
-/// Whether no key lies between `start` and `end` (`BTreeMap::range` panics on such bounds).
-fn is_empty(start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
-    match (start, end) {
-        (Bound::Included(s), Bound::Included(e)) => s > e,
-        (Bound::Included(s) | Bound::Excluded(s), Bound::Excluded(e))
-        | (Bound::Excluded(s), Bound::Included(e)) => s >= e,
-        _ => false,
+        self.state.lock().saved.writes()
     }
 }
 
 #[cfg(all(test, not(shuttle)))]
-mod tests {
-    use super::*;
-
-    fn kv(k: &str, v: &str) -> KeyValue {
-        (k.as_bytes().to_vec(), v.as_bytes().to_vec())
-    }
-
-    fn undo(pairs: &[(&str, Option<&str>)]) -> Undo {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec())))
-            .collect()
-    }
-
-    #[test]
-    fn a_scan_sees_batches_from_before_its_start_and_not_after() {
-        let r = Versions::default();
-        let before = r.ticket();
-        assert!(!before.save_undo(), "no scan: nothing to save");
-        let scan = r.begin_scan();
-        let after = r.ticket();
-        assert!(after.save_undo());
-        // The batch after the scan's start changed b, added c, removed d.
-        r.publish(
-            &after,
-            undo(&[("b", Some("b0")), ("c", None), ("d", Some("d0"))]),
-            None,
-        );
-        let mut items = vec![kv("a", "a1"), kv("b", "b1"), kv("c", "c1"), kv("e", "e1")];
-        r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
-        assert_eq!(
-            items,
-            vec![kv("a", "a1"), kv("b", "b0"), kv("d", "d0"), kv("e", "e1")]
-        );
-        // Only keys inside the copied range are put back.
-        let mut items = vec![kv("e", "e1")];
-        r.rewind(
-            scan,
-            &mut items,
-            &Bound::Included(b"d1".to_vec()),
-            &Bound::Unbounded,
-        );
-        assert_eq!(items, vec![kv("e", "e1")]);
-        // A scan that starts now sees the batch.
-        let later = r.begin_scan();
-        let mut items = vec![kv("b", "b1")];
-        r.rewind(later, &mut items, &Bound::Unbounded, &Bound::Unbounded);
-        assert_eq!(items, vec![kv("b", "b1")]);
-        r.end_scan(scan);
-        assert_eq!(r.saved(), 0, "the remaining scan does not need it");
-        r.end_scan(later);
-    }
-
-    #[test]
-    fn scans_past_the_slots_register_under_the_lock() {
-        let r = Versions::default();
-        let scans: Vec<ScanStart> = (0..SLOTS + 6).map(|_| r.begin_scan()).collect();
-        assert_eq!(scans.iter().filter(|s| s.slot.is_none()).count(), 6);
-        let t = r.ticket();
-        assert!(t.save_undo());
-        r.publish(&t, undo(&[("k", None)]), None);
-        // Ending all but one overflowed scan keeps the undo it needs.
-        let (last, rest) = scans.split_last().unwrap();
-        assert!(last.slot.is_none());
-        for s in rest {
-            r.end_scan(*s);
-        }
-        assert_eq!(r.saved(), 1);
-        let mut items = vec![kv("k", "v")];
-        r.rewind(*last, &mut items, &Bound::Unbounded, &Bound::Unbounded);
-        assert!(items.is_empty());
-        r.end_scan(*last);
-        assert_eq!(r.saved(), 0);
-        assert!(!r.ticket().save_undo(), "no scan left");
-    }
-
-    #[test]
-    fn the_earliest_later_batch_gives_the_old_value() {
-        let r = Versions::default();
-        let scan = r.begin_scan();
-        let first = r.ticket();
-        let second = r.ticket();
-        // Published in the other order.
-        r.publish(&second, undo(&[("k", Some("v1"))]), None);
-        r.publish(&first, undo(&[("k", Some("v0"))]), None);
-        let mut items = vec![kv("k", "v2")];
-        r.rewind(scan, &mut items, &Bound::Unbounded, &Bound::Unbounded);
-        assert_eq!(items, vec![kv("k", "v0")]);
-        r.end_scan(scan);
-        assert_eq!(r.saved(), 0);
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;
