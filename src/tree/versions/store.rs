@@ -287,7 +287,8 @@ impl Versions {
             .min()
     }
 
-    /// The start numbers of the readers registered (a scan still registering left out).
+    /// The start numbers of the readers registered (a scan still registering left out),
+    /// one for each reader.
     fn registered_starts<'s>(&'s self, state: &'s State) -> impl Iterator<Item = u64> + 's {
         let slots = self
             .slots
@@ -296,9 +297,11 @@ impl Versions {
                 0 | REGISTERING => None,
                 v => Some(v - 1),
             });
-        slots
-            .chain(state.starts.iter().copied())
-            .chain(state.snapshots.keys().copied())
+        let snapshots = state
+            .snapshots
+            .iter()
+            .flat_map(|(start, n)| std::iter::repeat_n(*start, *n));
+        slots.chain(state.starts.iter().copied()).chain(snapshots)
     }
 
     /// Numbers a write that holds the locks of every leaf it writes, while no snapshot is
@@ -361,6 +364,8 @@ impl Versions {
                 .count() as u64;
             self.prune(state);
         }
+        // Readers all too old still make writes save: drop what nobody can use.
+        self.prune(state);
     }
 
     /// Makes every reader registered now too old (a change that saves no undo, such as a
