@@ -10,7 +10,7 @@ use super::transaction_range::TransactionRange;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use crate::tree::batch::Change;
-use crate::tree::keyspace::{user_key, Space};
+use crate::tree::keyspace::{is_empty_range, user_key, Space};
 use crate::tree::read::Range;
 use crate::tree::shared::Shared;
 use crate::tree::stats::Event;
@@ -136,11 +136,18 @@ impl Transaction {
         let (lower, upper) = space.bounds(&range, Vec::new);
         self.reads.range(lower.clone(), upper.clone());
         // This transaction's own writes in the range, as it sees them.
-        let keys: Vec<Vec<u8>> = self
-            .written
-            .range::<Vec<u8>, _>((lower, upper))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let empty = is_empty_range(
+            lower.as_ref().map(Vec::as_slice),
+            upper.as_ref().map(Vec::as_slice),
+        );
+        let keys: Vec<Vec<u8>> = if empty {
+            Vec::new()
+        } else {
+            self.written
+                .range::<Vec<u8>, _>((lower, upper))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
         let mut own = Vec::with_capacity(keys.len());
         for key in keys {
             let value = self.own_value(&key, |tx, k| tx.snapshot_value(k));

@@ -112,6 +112,17 @@ impl Prefix {
     }
 }
 
+/// Whether no key lies between `lower` and `upper` (inverted bounds, or one key excluded at
+/// either end): `BTreeMap::range` panics on those, a scan yields nothing.
+pub(crate) fn is_empty_range(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
+    match (lower, upper) {
+        (Bound::Included(l), Bound::Included(u)) => l > u,
+        (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
+        | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
+        _ => false,
+    }
+}
+
 /// The user's key inside stored key `key`: without its keyspace prefix (a catalog key, or
 /// one too short to carry a prefix, is returned whole).
 pub(crate) fn user_key(key: &[u8]) -> &[u8] {

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::sync;
 use crate::tree::blob::{BlobPin, MARKED};
 use crate::tree::index::Seek;
-use crate::tree::keyspace::{Entered, Space};
+use crate::tree::keyspace::{is_empty_range, Entered, Space};
 use crate::tree::versions::ScanStart;
 use crate::tree::{KeyValue, Shared};
 
@@ -185,12 +185,10 @@ impl<'t> Range<'t> {
         let front = copy_bound(&lower, &mut key);
         let back = copy_bound(&upper, &mut key);
         let spare_key = key();
-        let empty = match (&lower, &upper) {
-            (Bound::Included(l), Bound::Included(u)) => l > u,
-            (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
-            | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
-            _ => false,
-        };
+        let empty = is_empty_range(
+            lower.as_ref().map(Vec::as_slice),
+            upper.as_ref().map(Vec::as_slice),
+        );
         Range {
             tree,
             space,

@@ -8,6 +8,7 @@ use std::ops::Bound;
 
 use crate::sync::Arc;
 use crate::tree::blob::BlobPin;
+use crate::tree::keyspace::is_empty_range;
 use crate::tree::KeyValue;
 
 /// What a write's keys held before it: key (keyspace prefix included) and old value
@@ -128,7 +129,7 @@ impl SavedValues {
         upper: Bound<&[u8]>,
         start: u64,
     ) -> Option<&[u8]> {
-        if is_empty(lower, upper) {
+        if is_empty_range(lower, upper) {
             return None;
         }
         self.by_key
@@ -147,7 +148,7 @@ impl SavedValues {
         upper: &Bound<Vec<u8>>,
     ) {
         let (lower, upper) = (as_slices(lower), as_slices(upper));
-        if is_empty(lower, upper) {
+        if is_empty_range(lower, upper) {
             return;
         }
         // For each key written since the reader started, its value before the first of
@@ -194,17 +195,6 @@ fn as_slices(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
         Bound::Included(k) => Bound::Included(k.as_slice()),
         Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
         Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
-/// Whether no key lies between `lower` and `upper` (`BTreeMap::range` panics on such
-/// bounds).
-fn is_empty(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
-    match (lower, upper) {
-        (Bound::Included(s), Bound::Included(e)) => s > e,
-        (Bound::Included(s) | Bound::Excluded(s), Bound::Excluded(e))
-        | (Bound::Excluded(s), Bound::Included(e)) => s >= e,
-        _ => false,
     }
 }
 
