@@ -1,10 +1,11 @@
 //! What `Tree::open` refuses: a data file one of whose superblock slots another format
-//! version wrote (opening from the other slot could go back to a state that version went
-//! on from); and what it still opens: a slot merely damaged.
+//! version wrote, and a deleted blob file that the checkpoint or the log still references
+//! (nothing is made in its place). And what it still opens: a slot merely damaged, a tree
+//! that never stored a large value without its blob file.
 
 use std::path::Path;
 
-use bfkv::{Config, Error, Tree};
+use bfkv::{Config, Durability, Error, Tree};
 
 /// Rewrites the store format version of superblock slot `slot` of the data file in `dir`
 /// to `version`, with a checksum that holds (as another version of bfkv would write it).
@@ -65,4 +66,79 @@ fn a_damaged_superblock_slot_still_opens_from_the_other() {
     std::fs::write(&path, &bytes).expect("write");
     let tree = Tree::open(config).expect("open from the intact slot");
     assert_eq!(tree.get(b"k").expect("get"), Some(b"v".to_vec()));
+}
+
+fn large(i: u8) -> Vec<u8> {
+    (0..300_000u32).map(|j| (j as u8) ^ i).collect()
+}
+
+#[test]
+fn a_deleted_blob_file_the_checkpoint_references_is_corruption_at_open() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("db");
+    let tree = Tree::open(Config::new(&dir)).expect("open");
+    tree.insert(b"small", b"v").expect("insert");
+    for i in 0..3u8 {
+        tree.insert([b'L', i], large(i)).expect("insert large");
+    }
+    tree.close().expect("close");
+    std::fs::remove_file(dir.join("blobs")).expect("remove blobs");
+    for _ in 0..2 {
+        match Tree::open(Config::new(&dir)) {
+            Err(Error::Corruption { file, .. }) => assert_eq!(file, dir.join("blobs")),
+            other => panic!("expected Corruption naming the blob file, got {other:?}"),
+        }
+        assert!(!dir.join("blobs").exists(), "nothing made in its place");
+    }
+    // A tree that never stored a large value opens without its (empty) blob file.
+    let plain = root.path().join("plain");
+    let tree = Tree::open(Config::new(&plain)).expect("open");
+    tree.insert(b"k", b"v").expect("insert");
+    tree.close().expect("close");
+    std::fs::remove_file(plain.join("blobs")).expect("remove blobs");
+    let tree = Tree::open(Config::new(&plain)).expect("reopen");
+    assert_eq!(tree.get(b"k").expect("get"), Some(b"v".to_vec()));
+}
+
+/// Copies the files of a tree's directory (and its `wal/`) but the lock: what a crash of
+/// the tree at this moment leaves on disk, the page cache included.
+fn crash_image(from: &Path, to: &Path) {
+    for sub in ["", "wal"] {
+        std::fs::create_dir_all(to.join(sub)).expect("mkdir");
+        for e in std::fs::read_dir(from.join(sub)).expect("read_dir") {
+            let e = e.expect("entry");
+            if e.path().is_file() && e.file_name() != "LOCK" {
+                std::fs::copy(e.path(), to.join(sub).join(e.file_name())).expect("copy");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_deleted_blob_file_the_log_references_is_corruption_at_open() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("db");
+    let config = Config::new(&dir).durability(Durability::Sync);
+    let tree = Tree::open(config).expect("open");
+    tree.insert(b"small", b"v").expect("insert");
+    tree.insert(b"large", large(7)).expect("insert large");
+    tree.flush().expect("flush");
+    // The large value's reference is only in the log: no checkpoint has run since it.
+    let image = root.path().join("image");
+    crash_image(&dir, &image);
+    drop(tree);
+    // The image as it is recovers the value: the test's premise.
+    let whole = root.path().join("whole");
+    crash_image(&image, &whole);
+    let tree = Tree::open(Config::new(&whole)).expect("open the image");
+    assert_eq!(tree.get(b"large").expect("get"), Some(large(7)));
+    drop(tree);
+    std::fs::remove_file(image.join("blobs")).expect("remove blobs");
+    for _ in 0..2 {
+        match Tree::open(Config::new(&image)) {
+            Err(Error::Corruption { file, .. }) => assert_eq!(file, image.join("blobs")),
+            other => panic!("expected Corruption naming the blob file, got {other:?}"),
+        }
+        assert!(!image.join("blobs").exists(), "nothing left in its place");
+    }
 }
