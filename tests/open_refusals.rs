@@ -1,11 +1,91 @@
-//! What `Tree::open` refuses: a data file one of whose superblock slots another format
-//! version wrote, and a deleted blob file that the checkpoint or the log still references
-//! (nothing is made in its place). And what it still opens: a slot merely damaged, a tree
-//! that never stored a large value without its blob file.
+//! What `Tree::open` refuses, creating nothing: a path that is a regular file, a
+//! non-empty directory holding no tree, a data file one of whose superblock slots another
+//! format version wrote, and a deleted blob file that the checkpoint or the log still
+//! references. And what it still opens: an absent path, an empty directory, a volume's
+//! root, a slot merely damaged.
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
 
 use bfkv::{Config, Durability, Error, Tree};
+
+/// Every path under `dir`, relative to it, recursively.
+fn listing(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                todo.push(path.clone());
+            }
+            out.insert(path.strip_prefix(dir).expect("prefix").to_path_buf());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_regular_file_is_not_a_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let file = root.path().join("file");
+    std::fs::write(&file, b"mine").expect("write");
+    let err = Tree::open(Config::new(&file)).expect_err("a file is not a tree");
+    assert!(
+        err.to_string().contains("not a directory"),
+        "the message says what is wrong: {err}"
+    );
+    match err {
+        Error::Io { path, source } => {
+            assert_eq!(path, file);
+            assert_eq!(source.kind(), ErrorKind::NotADirectory);
+        }
+        other => panic!("expected Io, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(&file).expect("read"), b"mine");
+}
+
+#[test]
+fn a_directory_of_other_files_is_refused_and_left_alone() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("home");
+    std::fs::create_dir_all(dir.join("photos")).expect("mkdir");
+    std::fs::write(dir.join("notes.txt"), b"mine").expect("write");
+    let before = listing(&dir);
+    match Tree::open(Config::new(&dir)) {
+        Err(Error::Io { path, source }) => {
+            assert_eq!(path, dir);
+            assert_eq!(source.kind(), ErrorKind::DirectoryNotEmpty);
+        }
+        other => panic!("expected Io DirectoryNotEmpty, got {other:?}"),
+    }
+    assert_eq!(listing(&dir), before, "nothing was created");
+    // Only hidden files: not a tree either.
+    let hidden = root.path().join("hidden");
+    std::fs::create_dir(&hidden).expect("mkdir");
+    std::fs::write(hidden.join(".profile"), b"").expect("write");
+    assert!(Tree::open(Config::new(&hidden)).is_err());
+    assert_eq!(listing(&hidden).len(), 1);
+}
+
+#[test]
+fn absent_paths_empty_directories_and_volume_roots_become_trees() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let volume = root.path().join("volume");
+    std::fs::create_dir_all(volume.join("lost+found")).expect("mkdir");
+    let empty = root.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    for dir in [root.path().join("absent").join("deeper"), empty, volume] {
+        let tree = Tree::open(Config::new(&dir)).expect("a new tree");
+        tree.insert(b"k", b"v").expect("insert");
+        tree.close().expect("close");
+        // A tree's directory with a file of the user's beside it still opens.
+        std::fs::write(dir.join("README"), b"my database").expect("write");
+        let tree = Tree::open(Config::new(&dir)).expect("reopen");
+        assert_eq!(tree.get(b"k").expect("get"), Some(b"v".to_vec()));
+    }
+}
 
 /// Rewrites the store format version of superblock slot `slot` of the data file in `dir`
 /// to `version`, with a checksum that holds (as another version of bfkv would write it).

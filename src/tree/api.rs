@@ -32,13 +32,15 @@ pub struct Tree {
 
 impl Tree {
     /// Opens the tree described by `config`: creates the directory and an empty tree if
-    /// absent, otherwise loads its last checkpoint.
+    /// absent or empty, otherwise loads its last checkpoint. A path that is not a tree's is
+    /// refused before anything is created there.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for bad settings (or a page size that differs from the
     /// existing tree's), [`Error::Locked`](crate::Error::Locked) if another `Tree` (in this or another process)
     /// has the directory open, [`Error::Corruption`](crate::Error::Corruption) if the checkpoint or data file is
-    /// damaged, [`Error::Io`](crate::Error::Io) for operating-system failures.
+    /// damaged, [`Error::Io`](crate::Error::Io) for operating-system failures, and of kind `NotADirectory` for a
+    /// path that is a file, `DirectoryNotEmpty` for a directory holding files but no tree.
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;

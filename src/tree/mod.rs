@@ -9,7 +9,7 @@
 //! | write-back and eviction | `evict.rs`, `page_batch.rs`, `checkpoint.rs`, `clean.rs` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
 //! | storage | `storage.rs`, `pages.rs` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
 //! | journal | `journal.rs` | the write-ahead log, the checkpoint LSN | `Journal::append` (under the leaf lock), `commit`, `replay` |
-//! | persistence | `persist.rs` | open, recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
+//! | persistence | `persist.rs`, `tree_dir.rs` | open (what a path must hold to be opened), recovery, the checkpoint file, the directory lock | `persist::open`, `Shared::checkpoint` |
 //! | background | `background.rs` | evictor and checkpointer threads | `Shared::nudge_evictors`, `Background::nudge_checkpointer` |
 //! | counters | `stats.rs` | what the tree did | `Counters::count(Event)` |
 //! | batches | `batch.rs`, `commit.rs`, `rewind.rs` | the public `Batch`, its commit, the batch sequence | `Shared::commit_batch`, `Rewind::begin_scan` / `rewind` |
@@ -92,6 +92,7 @@ mod stats;
 mod storage;
 #[cfg(test)]
 mod tests;
+mod tree_dir;
 mod whole_leaves;
 
 pub use api::Tree;
