@@ -1,8 +1,8 @@
 //! What `Tree::open` refuses, creating nothing: a path that is a regular file, a
-//! non-empty directory holding no tree, a data file one of whose superblock slots another
-//! format version wrote, and a deleted blob file that the checkpoint or the log still
-//! references. And what it still opens: an absent path, an empty directory, a volume's
-//! root, a slot merely damaged.
+//! non-empty directory holding no tree, a backup that did not complete, a data file one of
+//! whose superblock slots another format version wrote, and a deleted blob file that the
+//! checkpoint or the log still references. And what it still opens: an absent path, an
+//! empty directory, a volume's root, a slot merely damaged.
 
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
@@ -85,6 +85,28 @@ fn absent_paths_empty_directories_and_volume_roots_become_trees() {
         let tree = Tree::open(Config::new(&dir)).expect("reopen");
         assert_eq!(tree.get(b"k").expect("get"), Some(b"v".to_vec()));
     }
+}
+
+#[test]
+fn a_directory_holding_the_marker_of_an_unfinished_backup_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let source = root.path().join("db");
+    let tree = Tree::open(Config::new(&source)).expect("open");
+    tree.insert(b"k", b"v").expect("insert");
+    let copy = root.path().join("copy");
+    tree.backup(&copy).expect("backup");
+    // A complete backup holds no marker; put one in, as a backup cut short leaves it.
+    assert!(!copy.join("BACKUP-INCOMPLETE").exists());
+    std::fs::write(copy.join("BACKUP-INCOMPLETE"), b"").expect("write");
+    let before = listing(&copy);
+    match Tree::open(Config::new(&copy)) {
+        Err(Error::Corruption { file, reason, .. }) => {
+            assert_eq!(file, copy.join("BACKUP-INCOMPLETE"));
+            assert!(reason.contains("backup"), "{reason}");
+        }
+        other => panic!("expected Corruption, got {other:?}"),
+    }
+    assert_eq!(listing(&copy), before, "nothing was created or removed");
 }
 
 /// Rewrites the store format version of superblock slot `slot` of the data file in `dir`

@@ -405,7 +405,9 @@ impl Tree {
     /// copy is opened and closed once before this returns, so it is checked and needs no
     /// recovery. With a log (`Sync`, `Buffered`) the copy is the tree after a prefix of the
     /// acknowledged writes; under `Durability::None`, which keeps no order of writes, each
-    /// write made while the backup runs may be in it or not.
+    /// write made while the backup runs may be in it or not. Until the copy is complete
+    /// `target` holds the file `BACKUP-INCOMPLETE`, so what a crash, a kill or a full disk
+    /// leaves of it is refused by [`Tree::open`] (`Corruption` naming that file).
     ///
     /// # Errors
     /// [`Error::Io`](crate::Error::Io) of kind `AlreadyExists` if anything is at `target`

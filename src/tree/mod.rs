@@ -42,6 +42,7 @@ mod admit;
 mod api;
 mod background;
 mod backup;
+mod backup_target;
 mod batch;
 mod blob;
 mod bulk;

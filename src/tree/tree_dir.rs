@@ -6,7 +6,9 @@
 //! - a path that is not a directory (`Io` of kind `NotADirectory`);
 //! - a directory holding only other files (`Io` of kind `DirectoryNotEmpty`): a mistyped
 //!   path would otherwise become a tree, its `LOCK`, `data` and `wal/` written beside the
-//!   user's files.
+//!   user's files;
+//! - a backup that did not complete (`Corruption` naming its marker, `backup_target.rs`):
+//!   its files could otherwise open as an empty or an older tree.
 //!
 //! `lost+found`, which the root of an ext2/3/4 file system holds, counts as empty, so a
 //! tree may live at the root of a volume of its own.
@@ -17,15 +19,20 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// The file a backup keeps in its directory until every file is copied and synced; a
+/// directory holding it is a backup cut short.
+pub(crate) const INCOMPLETE_BACKUP: &str = "BACKUP-INCOMPLETE";
+
 /// The names a tree creates in its directory (the checkpoint's temporary file included:
-/// a crash can leave it).
-const TREE_FILES: [&str; 6] = [
+/// a crash can leave it), the incomplete-backup marker among them.
+const TREE_FILES: [&str; 7] = [
     "LOCK",
     "data",
     "checkpoint",
     "checkpoint.tmp",
     "wal",
     "blobs",
+    INCOMPLETE_BACKUP,
 ];
 
 /// What a file system puts in the root directory of a volume.
@@ -36,7 +43,7 @@ const VOLUME_ROOT: &str = "lost+found";
 ///
 /// # Errors
 /// `Io` of kind `NotADirectory` or `DirectoryNotEmpty` for a path that is not a tree's;
-/// `Io` for a failure to examine `dir`.
+/// `Corruption` for a backup that did not complete; `Io` for a failure to examine `dir`.
 pub(crate) fn check(dir: &Path) -> Result<()> {
     let meta = match fs::metadata(dir) {
         Ok(meta) => meta,
@@ -56,6 +63,13 @@ pub(crate) fn check(dir: &Path) -> Result<()> {
     let mut ours = false;
     for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let name = entry.map_err(|e| Error::io(dir, e))?.file_name();
+        if name == INCOMPLETE_BACKUP {
+            return Err(Error::corruption(
+                dir.join(INCOMPLETE_BACKUP),
+                None,
+                "a backup that did not complete: remove its directory and back up again",
+            ));
+        }
         if TREE_FILES.iter().any(|f| name == *f) {
             ours = true;
         } else if name != VOLUME_ROOT {
