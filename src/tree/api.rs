@@ -411,7 +411,9 @@ impl Tree {
     ///
     /// # Errors
     /// [`Error::Io`](crate::Error::Io) of kind `AlreadyExists` if anything is at `target`
-    /// (nothing there is touched); [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
+    /// (nothing there is touched); [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+    /// target inside the tree's own directory, however the path reaches it (`..`, links;
+    /// nothing is written); [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
     /// an in-memory tree; I/O errors of the copy, after which `target` is removed again.
     ///
     /// ```

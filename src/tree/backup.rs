@@ -10,8 +10,9 @@
 //! 3. Open the copy as a tree (its recovery replays the copied log over the copied
 //!    checkpoint) and close it, so the backup is checked and needs no replay later.
 //!
-//! Writers go on throughout; only checkpoints wait for the copy. The target holds a marker
-//! until step 2 is done and synced, so a copy cut short never opens (`backup_target.rs`).
+//! Writers go on throughout; only checkpoints wait for the copy. The target is refused if
+//! it lies inside the tree's directory, and holds a marker until step 2 is done and synced,
+//! so a copy cut short never opens (`backup_target.rs`).
 
 use std::fs;
 use std::path::Path;
@@ -30,6 +31,7 @@ impl Shared {
                 reason: "an in-memory tree has no files to back up",
             });
         };
+        let target = &super::backup_target::outside_tree(dir, target)?;
         super::backup_target::create(target)?;
         let result = self.flush().and_then(|()| {
             self.checkpoint()?;

@@ -1,4 +1,11 @@
-//! How a backup's directory comes to be and goes (`backup.rs` copies into it).
+//! Where a backup may go, and how its directory comes to be and goes (`backup.rs` copies
+//! into it).
+//!
+//! A target inside the tree's own directory is refused before anything is written: the
+//! copy would be made into the tree it copies. The target is taken as the file system will
+//! resolve it once made: each existing ancestor canonicalized (symbolic links and `..`
+//! resolved), so neither gets around the check; on Unix an ancestor that is the tree's
+//! directory under another name (a bind mount) is found by its device and inode.
 //!
 //! From the moment the target exists until every file of the copy is in it and synced, it
 //! holds the marker [`INCOMPLETE_BACKUP`], and `Tree::open` refuses a directory holding it
@@ -12,7 +19,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 use super::tree_dir::INCOMPLETE_BACKUP;
 use crate::error::{Error, Result};
@@ -20,6 +27,80 @@ use crate::error::{Error, Result};
 /// What the marker says to a person who finds it.
 const MARKER_TEXT: &[u8] = b"This directory is a bfkv backup that did not complete; \
 bfkv refuses to open it. Remove the directory and take the backup again.\n";
+
+/// `target` resolved as the file system will resolve it once made (see the module docs),
+/// refused if it lies inside `tree_dir`.
+///
+/// # Errors
+/// `InvalidInput` for a target inside the tree's directory (or one naming no directory,
+/// such as `/`); `Io` if an ancestor cannot be examined (a dangling link among them).
+pub(super) fn outside_tree(tree_dir: &Path, target: &Path) -> Result<PathBuf> {
+    let tree = fs::canonicalize(tree_dir).map_err(|e| Error::io(tree_dir, e))?;
+    let resolved = resolve(target).map_err(|e| Error::io(target, e))?;
+    if resolved.file_name().is_none() {
+        return Err(Error::InvalidInput {
+            reason: "a backup target must name a new directory",
+        });
+    }
+    if resolved.starts_with(&tree) || under_same_directory(&tree, &resolved)? {
+        return Err(Error::InvalidInput {
+            reason: "a backup target inside the tree's own directory",
+        });
+    }
+    Ok(resolved)
+}
+
+/// `path` made absolute, each existing prefix canonicalized in turn (so a link or `..`
+/// met after a component that does not exist yet is resolved too), the rest kept as it is.
+fn resolve(path: &Path) -> io::Result<PathBuf> {
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let mut out = PathBuf::new();
+    for component in absolute.components() {
+        match component {
+            Component::Prefix(_) | Component::RootDir => out.push(component.as_os_str()),
+            Component::CurDir => {}
+            // `out` is canonical up to its first missing component and lexical after it,
+            // and the directories `mkdir` will make are plain ones: its parent is `..`.
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if fs::symlink_metadata(&out).is_ok() {
+                    out = fs::canonicalize(&out)?;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether an existing ancestor of `resolved` is the directory `tree` by identity (device
+/// and inode), whatever path reaches it.
+#[cfg(unix)]
+fn under_same_directory(tree: &Path, resolved: &Path) -> Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |m: &fs::Metadata| (m.dev(), m.ino());
+    let tree_id = id(&fs::metadata(tree).map_err(|e| Error::io(tree, e))?);
+    for ancestor in resolved.ancestors() {
+        if let Ok(meta) = fs::metadata(ancestor) {
+            if id(&meta) == tree_id {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Without inode numbers, the canonical paths alone decide.
+#[cfg(not(unix))]
+fn under_same_directory(_tree: &Path, _resolved: &Path) -> Result<bool> {
+    Ok(false)
+}
 
 /// Makes the directory `target` (0700) holding the marker, durably (see the module docs).
 ///
