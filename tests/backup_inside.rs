@@ -31,6 +31,7 @@ fn a_target_inside_the_tree_is_refused_and_nothing_written() {
     for i in 0u32..1000 {
         tree.insert(i.to_be_bytes(), [1u8; 50]).expect("insert");
     }
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut targets = vec![
         db.join("wal").join("sub"),
         db.join("x"),
