@@ -13,7 +13,8 @@
 //! database. The directory comes into being with the marker already in it: it is made
 //! under a temporary name beside the target, the marker written and synced, then renamed
 //! to the target and the parent synced (made in place, a kill between the `mkdir` and the
-//! marker would leave an empty directory, which opens as a new tree). Once the copy is
+//! marker would leave an empty directory, which opens as a new tree; a kill before the
+//! rename leaves the temporary directory, holding only the marker). Once the copy is
 //! complete the marker is removed and the directory synced. A failed backup's directory is
 //! removed marker last.
 
