@@ -1,6 +1,7 @@
 //! A backup target inside the tree's own directory is refused, however the path reaches
 //! it (`..`, a symbolic link, a path that does not exist yet), and nothing is written:
-//! neither the target nor any directory on the way to it.
+//! neither the target nor any directory on the way to it. A target that exists is
+//! `AlreadyExists`, inside the tree or not.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -73,6 +74,24 @@ fn a_target_inside_the_tree_is_refused_and_nothing_written() {
             listing(root.path()),
             before_root,
             "{target:?}: something was made"
+        );
+    }
+    // A target that exists answers as every existing target does, inside the tree too.
+    for existing in [db.clone(), db.join("wal"), db.join("data")] {
+        match tree.backup(&existing) {
+            Err(Error::Io { source, .. }) => {
+                assert_eq!(
+                    source.kind(),
+                    std::io::ErrorKind::AlreadyExists,
+                    "{existing:?}"
+                );
+            }
+            other => panic!("{existing:?}: expected AlreadyExists, got {other:?}"),
+        }
+        assert_eq!(
+            listing(&db),
+            before_db,
+            "{existing:?}: the tree's directory changed"
         );
     }
     // The tree is unharmed, and a target beside it (through `..` from inside) is fine.

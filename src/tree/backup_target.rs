@@ -33,9 +33,12 @@ bfkv refuses to open it. Remove the directory and take the backup again.\n";
 /// refused if it lies inside `tree_dir`.
 ///
 /// # Errors
-/// `InvalidInput` for a target inside the tree's directory (or one naming no directory,
-/// such as `/`); `Io` if an ancestor cannot be examined (a dangling link among them).
+/// `Io` of kind `AlreadyExists` if anything is at `target`, wherever it is (what `backup`
+/// answers a target that exists); `InvalidInput` for a target inside the tree's directory
+/// (or one naming no directory, such as `/`); `Io` if an ancestor cannot be examined (a
+/// dangling link among them).
 pub(super) fn outside_tree(tree_dir: &Path, target: &Path) -> Result<PathBuf> {
+    refuse_existing(target)?;
     let tree = fs::canonicalize(tree_dir).map_err(|e| Error::io(tree_dir, e))?;
     let resolved = resolve(target).map_err(|e| Error::io(target, e))?;
     if resolved.file_name().is_none() {
@@ -120,12 +123,7 @@ pub(super) fn create(target: &Path) -> Result<()> {
         parent
     };
     crate::sys::create_private_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    if fs::symlink_metadata(target).is_ok() {
-        return Err(Error::io(
-            target,
-            io::Error::new(io::ErrorKind::AlreadyExists, "the backup target exists"),
-        ));
-    }
+    refuse_existing(target)?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -144,6 +142,18 @@ pub(super) fn create(target: &Path) -> Result<()> {
         return Err(e);
     }
     sync_dir(parent)
+}
+
+/// `Io` of kind `AlreadyExists` if anything (a link included) is at `target`.
+fn refuse_existing(target: &Path) -> Result<()> {
+    match fs::symlink_metadata(target) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(target, e)),
+        Ok(_) => Err(Error::io(
+            target,
+            io::Error::new(io::ErrorKind::AlreadyExists, "the backup target exists"),
+        )),
+    }
 }
 
 /// Marks the backup in `target` complete: every file is in it and synced.
