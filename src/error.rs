@@ -100,7 +100,8 @@ pub enum Error {
     },
     /// The input of a call broke the call's contract, as [`Tree::bulk_load`](crate::Tree::bulk_load)
     /// given keys that are not strictly ascending, or a key span that already holds a key
-    /// or crosses a leaf boundary; nothing was changed.
+    /// or crosses a leaf boundary, or [`Tree::backup`](crate::Tree::backup) given a target
+    /// inside the tree's own directory; nothing was changed.
     InvalidInput {
         /// What was wrong with the input.
         reason: &'static str,

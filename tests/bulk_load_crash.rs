@@ -24,6 +24,15 @@ const CHILD_ENV: &str = "BFKV_BULK_CRASH_CHILD";
 /// Records of each child's load.
 const CRASH_LOAD: u64 = 150_000;
 
+/// Kill cycles, the durability modes in turn: 12; `BFKV_CRASH_CYCLES` asks for more
+/// (docs/ARCHITECTURE.md, "Testing").
+fn cycles() -> u64 {
+    std::env::var("BFKV_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+}
+
 fn crash_config(dir: &Path, cycle: u64) -> Config {
     let durability = [Durability::None, Durability::Buffered, Durability::Sync][cycle as usize % 3];
     Config::new(dir).cache_size(1 << 20).durability(durability)
@@ -70,7 +79,7 @@ fn kill_9_during_a_load_leaves_all_of_it_or_none() {
     let exe = std::env::current_exe().expect("test binary");
     let mut rng = StdRng::seed_from_u64(11);
     let (mut whole, mut none) = (0, 0);
-    for cycle in 0..12u64 {
+    for cycle in 0..cycles() {
         let mut child = Command::new(&exe)
             .args([
                 "kill_9_during_a_load_leaves_all_of_it_or_none",

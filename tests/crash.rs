@@ -5,7 +5,10 @@
 //! the kill may or may not have happened. The cache is tiny and checkpoints frequent, so
 //! evictions, splits and checkpoints are interrupted too. `Buffered` runs three ways: with
 //! the default staging ring, with a ring small enough that the writer fills it and writes
-//! it out itself, and with no ring.
+//! it out itself, and with no ring. Under `Durability::None` the child also flushes now and
+//! then (reported like a write), and each key must hold its value at the last flush that
+//! returned, or one it was given after it: a write is durable only once flushed, and the
+//! leaves a crash interrupted in writing back may hold some later writes and not others.
 
 mod common;
 
@@ -19,19 +22,20 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const CHILD_ENV: &str = "BFKV_CRASH_CHILD";
-/// Kill cycles per mode: 30 (120 kills over the four modes, 30 under `Sync`, 90 under
-/// `Buffered`); `BFKV_CRASH_CYCLES` asks for more (docs/ARCHITECTURE.md, "Testing").
+/// Kill cycles per mode: 40 (200 kills over the five modes, 40 under `Sync`, 120 under
+/// `Buffered`, 40 under `None`); `BFKV_CRASH_CYCLES` asks for more (docs/ARCHITECTURE.md,
+/// "Testing").
 fn cycles() -> u64 {
     std::env::var("BFKV_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(30)
+        .unwrap_or(40)
 }
 
 /// The tree's configuration in mode `mode`: `sync`, `buffered` (records staged in the
 /// default staging ring in the log directory), `buffered-small-ring` (a 64 KiB ring, which the writer fills
-/// and writes out itself many times a second) or `buffered-unstaged` (no ring: each write
-/// `pwrite`s its record).
+/// and writes out itself many times a second), `buffered-unstaged` (no ring: each write
+/// `pwrite`s its record) or `none` (no log).
 fn config(dir: &std::path::Path, mode: &str) -> Config {
     let config = Config::new(dir)
         .cache_size(256 << 10)
@@ -43,12 +47,13 @@ fn config(dir: &std::path::Path, mode: &str) -> Config {
             .durability(Durability::Buffered)
             .log_staging_size(64 << 10),
         "buffered-unstaged" => config.durability(Durability::Buffered).log_staging_size(0),
+        "none" => config.durability(Durability::None),
         other => panic!("unknown mode {other}"),
     }
 }
 
 /// The child: open (recovering), then write forever, reporting `P op` before and `A` after
-/// each acknowledged operation.
+/// each acknowledged operation (under `none`, a flush now and then among them).
 fn child(spec: &str) -> ! {
     let mut parts = spec.split(',');
     let (dir, mode, cycle) = (
@@ -67,7 +72,12 @@ fn child(spec: &str) -> ! {
     let mut rng = StdRng::seed_from_u64(cycle);
     for seq in 0u64.. {
         let key = format!("key-{:05}", rng.gen_range(0..3000u32));
-        if rng.gen_ratio(1, 4) {
+        if mode == "none" && rng.gen_ratio(1, 100) {
+            writeln!(out, "P F")
+                .and_then(|()| out.flush())
+                .expect("stdout");
+            tree.flush().expect("child flush");
+        } else if rng.gen_ratio(1, 4) {
             writeln!(out, "P R {key}")
                 .and_then(|()| out.flush())
                 .expect("stdout");
@@ -91,6 +101,7 @@ fn child(spec: &str) -> ! {
 enum Op {
     Insert(String, String),
     Remove(String),
+    Flush,
 }
 
 fn parse(line: &str) -> Option<Op> {
@@ -98,6 +109,7 @@ fn parse(line: &str) -> Option<Op> {
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some("P"), Some("I"), Some(k), Some(v)) => Some(Op::Insert(k.into(), v.into())),
         (Some("P"), Some("R"), Some(k), None) => Some(Op::Remove(k.into())),
+        (Some("P"), Some("F"), None, None) => Some(Op::Flush),
         _ => None,
     }
 }
@@ -110,6 +122,57 @@ fn apply(model: &mut BTreeMap<String, String>, op: &Op) {
         Op::Remove(k) => {
             model.remove(k);
         }
+        Op::Flush => {}
+    }
+}
+
+/// What a tree without a log may recover to: each key's value at the last flush that
+/// returned, or any value it was given since (`None`: removed).
+#[derive(Default)]
+struct Unlogged {
+    flushed: BTreeMap<String, String>,
+    since: BTreeMap<String, Vec<Option<String>>>,
+}
+
+impl Unlogged {
+    /// `op` was acknowledged, and `model` is the state after it.
+    fn acknowledged(&mut self, op: &Op, model: &BTreeMap<String, String>) {
+        if matches!(op, Op::Flush) {
+            self.flushed = model.clone();
+            self.since.clear();
+        } else {
+            self.in_flight(op);
+        }
+    }
+
+    /// `op` was issued: it may have happened (a flush in flight changes nothing: the state
+    /// at its start is one the keys may hold already).
+    fn in_flight(&mut self, op: &Op) {
+        match op {
+            Op::Insert(k, v) => self
+                .since
+                .entry(k.clone())
+                .or_default()
+                .push(Some(v.clone())),
+            Op::Remove(k) => self.since.entry(k.clone()).or_default().push(None),
+            Op::Flush => {}
+        }
+    }
+
+    /// The first key of `got` that holds a value it may not hold.
+    fn first_wrong<'a>(&'a self, got: &'a BTreeMap<String, String>) -> Option<&'a String> {
+        let keys = got
+            .keys()
+            .chain(self.flushed.keys())
+            .chain(self.since.keys());
+        keys.into_iter().find(|&k| {
+            let found = got.get(k);
+            found != self.flushed.get(k)
+                && !self
+                    .since
+                    .get(k)
+                    .is_some_and(|vs| vs.iter().any(|v| v.as_ref() == found))
+        })
     }
 }
 
@@ -117,12 +180,17 @@ fn run_cycles(mode: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut model: BTreeMap<String, String> = BTreeMap::new();
     let exe = std::env::current_exe().expect("test binary");
-    let test_name = format!(
-        "kill_9_loses_no_acknowledged_write_{}",
-        mode.replace('-', "_")
-    );
+    let test_name = if mode == "none" {
+        "kill_9_keeps_every_flushed_write_none".to_string()
+    } else {
+        format!(
+            "kill_9_loses_no_acknowledged_write_{}",
+            mode.replace('-', "_")
+        )
+    };
     let mut rng = StdRng::seed_from_u64(0x00C0_FFEE ^ mode.len() as u64);
     let mut acknowledged_total = 0u64;
+    let mut unlogged = Unlogged::default();
     for cycle in 0..cycles() {
         let mut child = Command::new(&exe)
             .args([
@@ -171,6 +239,7 @@ fn run_cycles(mode: &str) {
                 Ok(line) if line == "A" => {
                     if let Some(op) = pending.take() {
                         apply(&mut model, &op);
+                        unlogged.acknowledged(&op, &model);
                         acknowledged_total += 1;
                     }
                 }
@@ -189,11 +258,15 @@ fn run_cycles(mode: &str) {
             if line == "A" {
                 if let Some(op) = pending.take() {
                     apply(&mut model, &op);
+                    unlogged.acknowledged(&op, &model);
                     acknowledged_total += 1;
                 }
             } else {
                 pending = parse(&line);
             }
+        }
+        if let Some(op) = &pending {
+            unlogged.in_flight(op);
         }
         if let Some(keep) = std::env::var_os("BFKV_CRASH_KEEP") {
             // The crashed directory, kept for a failure's post-mortem (one per mode).
@@ -217,7 +290,17 @@ fn run_cycles(mode: &str) {
                 )
             })
             .collect();
-        if got != model && got != with_pending {
+        if mode == "none" {
+            if let Some(key) = unlogged.first_wrong(&got) {
+                panic!(
+                    "{mode} cycle {cycle}: {key} recovered as {:?}; at the last flush it was \
+                     {:?}, and since given {:?}",
+                    got.get(key),
+                    unlogged.flushed.get(key),
+                    unlogged.since.get(key)
+                );
+            }
+        } else if got != model && got != with_pending {
             let missing: Vec<_> = model
                 .iter()
                 .filter(|(k, v)| got.get(*k) != Some(v))
@@ -233,9 +316,14 @@ fn run_cycles(mode: &str) {
                  (pending {pending:?}); first differences: expected {missing:?}, found {extra:?}"
             );
         }
-        // Continue from what was recovered: that is the state the next child starts from.
-        model = got;
+        // Continue from what was recovered: that is the state the next child starts from
+        // (durable once the tree is closed).
         tree.close().expect("close after verification");
+        unlogged = Unlogged {
+            flushed: got.clone(),
+            since: BTreeMap::new(),
+        };
+        model = got;
     }
     assert!(
         acknowledged_total > 100,
@@ -273,6 +361,14 @@ fn kill_9_loses_no_acknowledged_write_buffered_unstaged() {
         child(&spec);
     }
     run_cycles("buffered-unstaged");
+}
+
+#[test]
+fn kill_9_keeps_every_flushed_write_none() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    run_cycles("none");
 }
 
 /// Copies directory `from` to `to`, recursively.

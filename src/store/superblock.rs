@@ -13,6 +13,11 @@ const MAGIC: &[u8; 8] = b"BFKVSTOR";
 /// Version of the superblock and free-list page formats, and of what the pages hold: 2 since
 /// every key starts with its keyspace's prefix (version 1 stored bare keys).
 const FORMAT_VERSION: u32 = 2;
+/// Why a slot of format 1 is not read.
+const OLDER_FORMAT: &str =
+    "data file of bfkv before keyspaces (store format 1): this version reads format 2";
+/// Why a slot of a later format is not read.
+const NEWER_FORMAT: &str = "store format newer than this version of bfkv reads";
 /// Where the inline free page numbers start in a superblock.
 const SB_ENTRIES: usize = 72;
 /// Where the free page numbers start in a free-list page.
@@ -108,11 +113,8 @@ fn read_slot<D: Disk>(
     }
     match get_u32(sb, 16) {
         FORMAT_VERSION => {}
-        1 => {
-            return Ok(Err(
-                "data file of bfkv before keyspaces (store format 1): this version reads format 2",
-            ))
-        }
+        1 => return Ok(Err(OLDER_FORMAT)),
+        v if v > FORMAT_VERSION => return Ok(Err(NEWER_FORMAT)),
         _ => return Ok(Err("unknown store format version")),
     }
     if get_u32(sb, 20) as usize != page_size {
@@ -182,10 +184,19 @@ pub(super) struct Loaded {
 }
 
 /// Picks the newest valid superblock slot. No valid slot is `Error::Corruption`, unless a
-/// valid superblock of another page size is there: that is `Error::InvalidConfig`.
+/// valid superblock of another page size is there: that is `Error::InvalidConfig`. A slot
+/// whose checksum holds but whose format is another version's is `Error::Corruption` too,
+/// whatever the other slot holds: another version of bfkv wrote it, so the other slot may be
+/// that version's older state (or this version's, which that one went on from), and its
+/// pages may no longer be what that slot says.
 pub(super) fn load<D: Disk>(disk: &D, page_size: usize) -> Result<Loaded> {
     let a = read_slot(disk, page_size, 0)?;
     let b = read_slot(disk, page_size, 1)?;
+    for (slot, read) in [(0, &a), (1, &b)] {
+        if let Err(reason @ (OLDER_FORMAT | NEWER_FORMAT)) = read {
+            return Err(Error::corruption(disk.path(), Some(slot), reason));
+        }
+    }
     let (newest, other) = match (a, b) {
         (Ok(a), Ok(b)) if a.seq >= b.seq => (a, Some(b)),
         (Ok(a), Ok(b)) => (b, Some(a)),

@@ -9,7 +9,7 @@
 //! | reads | `read/` | the public [`Range`], scans' copies of leaves, lock-free lookups and refills, `get_many` | `Range::new`, `Shared::get_into`, `get_many_in` |
 //! | write-back and eviction | `writeback/` | turning a cached leaf into a disk page | the pool's eviction callback (`Shared::evict_block`), `write_back`, checkpoint passes |
 //! | storage | `storage/` | the data file, which pages hold what | `Storage::read_page`, `write_new_page`, `moved`, `supersede`; `PageTracker` |
-//! | persistence | `persist/` | the write-ahead log as the tree uses it, open and recovery, the checkpoint file, backups, the directory lock | `Journal::append` (under the leaf lock), `commit`, `replay`; `persist::open`, `Shared::checkpoint`, `Shared::backup` |
+//! | persistence | `persist/` | the write-ahead log as the tree uses it, open (what a path must hold to be opened) and recovery, the checkpoint file, backups, the directory lock | `Journal::append` (under the leaf lock), `commit`, `replay`; `persist::open`, `Shared::checkpoint`, `Shared::backup` |
 //! | batches | `batch/` | a batch's commit under the locks of its leaves | `Shared::commit_checked` |
 //! | versions | `versions/` | the write sequence, who reads at which point of it, the old values they need | `Versions::begin_scan` / `rewind` |
 //! | large values | `blob/` | the blob file's extents in use (in `Storage`), pins | `Shared::store_value` / `settle` (writes), `resolve_found` / `user_value` (reads), `Blobs::page_written`, `table`, `checkpointed`, `claim` |

@@ -32,13 +32,15 @@ pub struct Tree {
 
 impl Tree {
     /// Opens the tree described by `config`: creates the directory and an empty tree if
-    /// absent, otherwise loads its last checkpoint.
+    /// absent or empty, otherwise loads its last checkpoint. A path that is not a tree's is
+    /// refused before anything is created there.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for bad settings (or a page size that differs from the
     /// existing tree's), [`Error::Locked`](crate::Error::Locked) if another `Tree` (in this or another process)
     /// has the directory open, [`Error::Corruption`](crate::Error::Corruption) if the checkpoint or data file is
-    /// damaged, [`Error::Io`](crate::Error::Io) for operating-system failures.
+    /// damaged, [`Error::Io`](crate::Error::Io) for operating-system failures, and of kind `NotADirectory` for a
+    /// path that is a file, `DirectoryNotEmpty` for a directory holding files but no tree.
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
@@ -165,11 +167,15 @@ impl Tree {
     /// copy is opened and closed once before this returns, so it is checked and needs no
     /// recovery. With a log (`Sync`, `Buffered`) the copy is the tree after a prefix of the
     /// acknowledged writes; under `Durability::None`, which keeps no order of writes, each
-    /// write made while the backup runs may be in it or not.
+    /// write made while the backup runs may be in it or not. Until the copy is complete
+    /// `target` holds the file `BACKUP-INCOMPLETE`, so what a crash, a kill or a full disk
+    /// leaves of it is refused by [`Tree::open`] (`Corruption` naming that file).
     ///
     /// # Errors
     /// [`Error::Io`](crate::Error::Io) of kind `AlreadyExists` if anything is at `target`
-    /// (nothing there is touched); [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
+    /// (nothing there is touched); [`Error::InvalidInput`](crate::Error::InvalidInput) for a
+    /// target inside the tree's own directory, however the path reaches it (`..`, links;
+    /// nothing is written); [`Error::InvalidConfig`](crate::Error::InvalidConfig) for
     /// an in-memory tree; I/O errors of the copy, after which `target` is removed again.
     ///
     /// ```

@@ -41,6 +41,9 @@ use crate::node::{NodeRef, RecordKind};
 use crate::store::{blocks_for, checksum, BlobFile, Extents, BLOB_BLOCK};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
+/// Why an open fails when the blob file is gone.
+const MISSING: &str = "the blob file is missing, and the tree references extents in it";
+
 /// Bytes of a stored reference.
 pub(crate) const REF_LEN: usize = 28;
 /// The first bytes of every stored reference.
@@ -150,6 +153,9 @@ struct State {
     limbo: Vec<(u64, u64, u64)>,
     /// Blocks of the file: in use, free, or reserved for growth.
     file_blocks: u64,
+    /// Whether this open made the file: no extent can be in it, so a logged reference
+    /// recovery claims means the file was lost (`Blobs::claim`).
+    made_now: bool,
 }
 
 impl State {
@@ -198,14 +204,26 @@ impl Blobs {
         }
     }
 
-    /// Opens the blob file at `path`, with the extents of the checkpoint's `table` in use.
+    /// Opens the blob file at `path`, with the extents of the checkpoint's `table` in use;
+    /// makes it if absent and nothing references it.
     ///
     /// # Errors
-    /// `Io` opening the file; `Corruption` for a table whose extents overlap.
+    /// `Io` opening the file; `Corruption` for a table whose extents overlap, or for an
+    /// absent file while the table names extents (nothing is made then: every large value
+    /// would read `Corruption`, one at a time, and the next open would find an empty file).
     pub(crate) fn open(path: &Path, table: &[TableEntry]) -> Result<Blobs> {
+        let made_now = match std::fs::symlink_metadata(path) {
+            Ok(_) => false,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        if made_now && !table.is_empty() {
+            return Err(Error::corruption(path, None, MISSING));
+        }
         let file = BlobFile::open(path)?;
         let mut state = State {
             file_blocks: file.len_blocks()?,
+            made_now,
             ..State::default()
         };
         let mut extents: Vec<(u64, u64)> = Vec::new();
@@ -501,9 +519,16 @@ impl Blobs {
     /// checkpoint's table has it).
     ///
     /// # Errors
-    /// `Corruption` if it overlaps another extent in use.
+    /// `Corruption` if it overlaps another extent in use, or if this open made the file
+    /// (an extent is written before its record is logged: the file was lost). The file
+    /// made is removed again, so the next open finds it absent too.
     pub(crate) fn claim(&self, r: &BlobRef) -> Result<()> {
         let mut s = self.state.lock();
+        if s.made_now {
+            let path = self.path().unwrap_or(Path::new("blobs"));
+            let _ = std::fs::remove_file(path);
+            return Err(Error::corruption(path, Some(r.start), MISSING));
+        }
         if let Some(e) = s.in_use.get(&r.start) {
             if e.blocks == r.blocks() {
                 return Ok(());

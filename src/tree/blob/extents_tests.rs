@@ -91,6 +91,8 @@ fn recovery_claims_logged_extents_and_refuses_overlaps() {
         start: 0,
         blocks: 4,
     }];
+    // A blob file a checkpoint names extents of exists (an absent one is refused).
+    std::fs::write(&path, []).unwrap();
     let b = Blobs::open(&path, &table).unwrap();
     let r = BlobRef {
         start: 10,

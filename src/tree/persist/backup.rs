@@ -10,7 +10,9 @@
 //! 3. Open the copy as a tree (its recovery replays the copied log over the copied
 //!    checkpoint) and close it, so the backup is checked and needs no replay later.
 //!
-//! Writers go on throughout; only checkpoints wait for the copy.
+//! Writers go on throughout; only checkpoints wait for the copy. The target is refused if
+//! it lies inside the tree's directory, and holds a marker until step 2 is done and synced,
+//! so a copy cut short never opens (`backup_target.rs`).
 
 use std::fs;
 use std::path::Path;
@@ -29,7 +31,8 @@ impl Shared {
                 reason: "an in-memory tree has no files to back up",
             });
         };
-        create_target(target)?;
+        let target = &super::backup_target::outside_tree(dir, target)?;
+        super::backup_target::create(target)?;
         let result = self.flush().and_then(|()| {
             self.checkpoint()?;
             let _no_checkpoint = self.storage().pages().one_at_a_time();
@@ -55,10 +58,12 @@ impl Shared {
             }
             sync_dir(target)
         });
-        let result = result.and_then(|()| self.check_backup(target));
+        let result = result
+            .and_then(|()| super::backup_target::complete(target))
+            .and_then(|()| self.check_backup(target));
         if result.is_err() {
             // Nothing was there before: leave nothing half made.
-            let _ = fs::remove_dir_all(target);
+            super::backup_target::discard(target);
         }
         result
     }
@@ -70,22 +75,6 @@ impl Shared {
         config.cache_size = config.cache_size.min(CHECK_CACHE);
         crate::Tree::open(config)?.close()
     }
-}
-
-/// Creates the backup's directory (0700); fails if anything is at `target`.
-fn create_target(target: &Path) -> Result<()> {
-    if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
-        crate::sys::create_private_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    }
-    #[cfg(unix)]
-    let builder = {
-        let mut b = fs::DirBuilder::new();
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-        b
-    };
-    #[cfg(not(unix))]
-    let builder = fs::DirBuilder::new();
-    builder.create(target).map_err(|e| Error::io(target, e))
 }
 
 /// Copies `from` to the new file `to` (0600) and syncs it. `std::fs::copy` lets the kernel

@@ -1,7 +1,8 @@
 //! Opening, checkpointing and closing a file-backed tree.
 //!
 //! A directory (created 0700) holds `LOCK` (an advisory lock), `data` (the page store) and `checkpoint`
-//! (the leaf map). A checkpoint writes buffered leaves (shadow-style, to new pages: every
+//! (the leaf map); before anything is created, `tree_dir.rs` refuses a path that is not a
+//! tree's (a file, a directory of other files, a backup that did not complete). A checkpoint writes buffered leaves (shadow-style, to new pages: every
 //! dirty one, or for a fuzzy one those the log it keeps does not cover, `checkpoint.rs`),
 //! syncs the data file, then replaces `checkpoint` atomically (write a temporary file,
 //! fsync, rename, fsync the directory). Pages the last checkpoint references are never
@@ -106,6 +107,7 @@ pub(crate) fn open(config: Config) -> Result<Shared> {
             None,
         ));
     };
+    super::tree_dir::check(&dir)?;
     crate::sys::create_private_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let lock = DirLock::acquire(&dir)?;
     let backend = match config.io_backend {

@@ -183,7 +183,7 @@ impl Copied {
         }
     }
 
-    /// Takes the records out as owned pairs (for the rare changes `rewind.rs` makes),
+    /// Takes the records out as owned pairs (for the rare changes `versions/saved.rs` makes),
     /// leaving this empty.
     pub(in crate::tree) fn take_all(&mut self) -> Vec<KeyValue> {
         if self.adopted {

@@ -94,7 +94,11 @@ fn transfers_race_writers_and_snapshots() {
     }
     assert_eq!(num(tree.get(b"a").expect("get")), 10);
     assert_eq!(num(tree.get(b"b").expect("get")), 10);
-    assert_eq!(num(tree.get(b"n").expect("get")), 2, "an increment was lost");
+    assert_eq!(
+        num(tree.get(b"n").expect("get")),
+        2,
+        "an increment was lost"
+    );
     assert_eq!(tree.stats().snapshot_bytes, 0);
 }
 
