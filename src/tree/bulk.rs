@@ -499,7 +499,7 @@ impl Shared {
         let (Some((first, _)), Some((last, _))) = (all.first(), all.last()) else {
             return Ok(0);
         };
-        let mut span = Range::new(self, space, false, first.as_slice()..=last.as_slice());
+        let mut span = Range::new(self, space, first.as_slice()..=last.as_slice());
         if span.next().transpose()?.is_some() {
             return Err(refused(SPAN_NOT_EMPTY));
         }

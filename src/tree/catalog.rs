@@ -188,12 +188,11 @@ impl Shared {
         let space = Space::new(id, String::new());
         let prefix = space.prefix();
         loop {
-            let keys: Vec<Vec<u8>> =
-                crate::tree::read::Range::new::<&[u8], _>(self, &space, false, ..)
-                    .keys_only()
-                    .take(DROP_CHUNK)
-                    .map(|r| r.map(|(k, _)| k))
-                    .collect::<Result<_>>()?;
+            let keys: Vec<Vec<u8>> = crate::tree::read::Range::new::<&[u8], _>(self, &space, ..)
+                .keys_only()
+                .take(DROP_CHUNK)
+                .map(|r| r.map(|(k, _)| k))
+                .collect::<Result<_>>()?;
             if keys.is_empty() {
                 break;
             }
@@ -214,7 +213,7 @@ impl Shared {
     /// The catalog entries of `kind`: (key after the kind byte, value), in key order.
     fn catalog_entries(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let space = Space::with_prefix(Prefix::raw(&[CATALOG_BYTE, kind]));
-        crate::tree::read::Range::new::<&[u8], _>(self, &space, false, ..).collect()
+        crate::tree::read::Range::new::<&[u8], _>(self, &space, ..).collect()
     }
 }
 
@@ -237,7 +236,7 @@ mod tests {
     /// Keys stored under keyspace `id`'s prefix, whatever the catalog says.
     fn stored_under(tree: &Tree, id: u32) -> usize {
         let space = Space::new(id, String::new());
-        Range::new::<&[u8], _>(tree.shared(), &space, false, ..).count()
+        Range::new::<&[u8], _>(tree.shared(), &space, ..).count()
     }
 
     #[test]

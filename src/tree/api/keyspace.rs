@@ -246,25 +246,29 @@ impl Keyspace {
     /// assert_eq!(keys, vec![b"b".to_vec(), b"c".to_vec()]);
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn range<K, R>(&self, range: R) -> Range<'_>
+    pub fn range<K, R>(&self, range: R) -> Range<'static>
     where
         K: AsRef<[u8]>,
         R: RangeBounds<K>,
     {
-        Range::new(&self.shared, &self.space, true, range)
+        Range::new(self.shared.clone(), self.space.clone(), range)
     }
 
-    /// Every record of the keyspace, in ascending key order.
+    /// Every record of the keyspace, in ascending key order. The iterator borrows nothing of
+    /// the handle: it may outlive it (after the tree is closed it yields
+    /// [`Error::Closed`](crate::Error::Closed)).
     ///
     /// ```
+    /// fn records_of(tree: &bfkv::Tree, name: &str) -> bfkv::Result<bfkv::Range<'static>> {
+    ///     Ok(tree.keyspace(name)?.iter()) // the handle is dropped here
+    /// }
     /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
-    /// let ks = tree.keyspace("ks")?;
-    /// ks.insert(b"k", b"v")?;
-    /// assert_eq!(ks.iter().count(), 1);
+    /// tree.keyspace("ks")?.insert(b"k", b"v")?;
+    /// assert_eq!(records_of(&tree, "ks")?.count(), 1);
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn iter(&self) -> Range<'_> {
-        Range::new::<&[u8], _>(&self.shared, &self.space, true, ..)
+    pub fn iter(&self) -> Range<'static> {
+        Range::new::<&[u8], _>(self.shared.clone(), self.space.clone(), ..)
     }
 }
 

@@ -137,14 +137,15 @@ impl Snapshot {
     /// assert_eq!(keys, [b"b".to_vec(), b"c".to_vec()]);
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn range<'s, K, R>(&'s self, keyspace: &'s Keyspace, range: R) -> Range<'s>
+    pub fn range<K, R>(&self, keyspace: &Keyspace, range: R) -> Range<'_>
     where
         K: AsRef<[u8]>,
         R: RangeBounds<K>,
     {
+        let space = keyspace.parts().1.clone();
         match self.space_of(keyspace) {
-            Ok(space) => Range::at(&self.shared, space, range, self.at),
-            Err(e) => Range::failed(&self.shared, keyspace.parts().1, e),
+            Ok(_) => Range::at(&*self.shared, space, range, self.at),
+            Err(e) => Range::failed(&*self.shared, space, e),
         }
     }
 
@@ -158,7 +159,7 @@ impl Snapshot {
     /// assert_eq!(snap.iter(&tree.default_keyspace()).count(), 1);
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn iter<'s>(&'s self, keyspace: &'s Keyspace) -> Range<'s> {
+    pub fn iter(&self, keyspace: &Keyspace) -> Range<'_> {
         self.range::<&[u8], _>(keyspace, ..)
     }
 

@@ -119,7 +119,7 @@ impl Transaction {
     /// assert!(matches!(tx.commit(), Err(bfkv::Error::Conflict { .. })));
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn range<'t, K, R>(&'t mut self, keyspace: &'t Keyspace, range: R) -> TransactionRange<'t>
+    pub fn range<K, R>(&mut self, keyspace: &Keyspace, range: R) -> TransactionRange<'_>
     where
         K: AsRef<[u8]>,
         R: RangeBounds<K>,
@@ -128,7 +128,7 @@ impl Transaction {
             Ok(space) => space,
             Err(e) => {
                 return TransactionRange::new(
-                    Range::failed(&self.shared, keyspace.parts().1, e),
+                    Range::failed(&*self.shared, keyspace.parts().1.clone(), e),
                     Vec::new(),
                 )
             }
@@ -153,8 +153,9 @@ impl Transaction {
             let value = self.own_value(&key, |tx, k| tx.snapshot_value(k));
             own.push((user_key(&key).to_vec(), value));
         }
-        let this: &'t Transaction = self;
-        TransactionRange::new(Range::at(&this.shared, space, range, this.at), own)
+        let space = keyspace.parts().1.clone();
+        let this: &Transaction = self;
+        TransactionRange::new(Range::at(&*this.shared, space, range, this.at), own)
     }
 
     /// Every record of `keyspace` as this transaction sees it, in key order (tracked as
@@ -169,7 +170,7 @@ impl Transaction {
     /// assert_eq!(tx.iter(&ks).count(), 0);
     /// # Ok::<(), bfkv::Error>(())
     /// ```
-    pub fn iter<'t>(&'t mut self, keyspace: &'t Keyspace) -> TransactionRange<'t> {
+    pub fn iter(&mut self, keyspace: &Keyspace) -> TransactionRange<'_> {
         self.range::<&[u8], _>(keyspace, ..)
     }
 

@@ -260,7 +260,7 @@ impl Tree {
         K: AsRef<[u8]>,
         R: std::ops::RangeBounds<K>,
     {
-        Range::new(&self.shared, self.default_space(), false, range)
+        Range::new(&*self.shared, &**self.default_space(), range)
     }
 
     /// Every record, in ascending key order.
@@ -275,7 +275,7 @@ impl Tree {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn iter(&self) -> Range<'_> {
-        Range::new::<&[u8], _>(&self.shared, self.default_space(), false, ..)
+        Range::new::<&[u8], _>(&*self.shared, &**self.default_space(), ..)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::sync;
 use crate::tree::blob::{BlobPin, MARKED};
 use crate::tree::index::Seek;
-use crate::tree::keyspace::{is_empty_range, Entered, Space};
+use crate::tree::keyspace::{is_empty_range, Space};
 use crate::tree::versions::ScanStart;
 use crate::tree::{KeyValue, Shared};
 
@@ -54,12 +54,11 @@ const READ_AHEAD_AFTER: u64 = 3;
 /// # Ok::<(), bfkv::Error>(())
 /// ```
 pub struct Range<'t> {
-    tree: &'t Shared,
+    tree: Held<'t, Shared>,
     /// The keyspace scanned.
-    space: &'t Space,
-    /// The gate passed for every leaf: the keyspace's, when the handle that made this
-    /// iterator may outlive the tree (a `Keyspace`).
-    gate: Option<&'t Space>,
+    space: Held<'t, Space>,
+    /// Bytes of its prefix in front of every stored key.
+    prefix_len: usize,
     lower: Bound<Vec<u8>>,
     upper: Bound<Vec<u8>>,
     /// Where the front continues (initially `lower`).
@@ -131,36 +130,43 @@ fn at_or_below_start(start: &Bound<Vec<u8>>, low: &[u8]) -> bool {
 }
 
 impl<'t> Range<'t> {
-    /// An iterator over the keys of `space` in `range`.
+    /// An iterator over the keys of `space` in `range`. Given a keyspace handle's state
+    /// (`Held::Owned`), every refill passes its gate: the iterator may outlive the tree.
     pub(crate) fn new<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
-        tree: &'t Shared,
-        space: &'t Space,
-        gated: bool,
+        tree: impl Into<Held<'t, Shared>>,
+        space: impl Into<Held<'t, Space>>,
         range: R,
     ) -> Range<'t> {
-        Range::from_start(tree, space, gated, range, tree.versions().begin_scan())
+        let tree = tree.into();
+        let start = tree.versions().begin_scan();
+        Range::from_start(tree, space.into(), range, start)
     }
 
     /// An iterator over the keys of `space` in `range` as they were when the snapshot or
     /// transaction registered at `at` started (it stays registered: the iterator must not
     /// outlive it).
     pub(crate) fn at<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
-        tree: &'t Shared,
-        space: &'t Space,
+        tree: impl Into<Held<'t, Shared>>,
+        space: impl Into<Held<'t, Space>>,
         range: R,
         at: ScanStart,
     ) -> Range<'t> {
-        Range::from_start(tree, space, true, range, at)
+        Range::from_start(tree.into(), space.into(), range, at)
     }
 
     /// An iterator that yields `error` and ends (a call that could not start a scan).
-    pub(crate) fn failed(tree: &'t Shared, space: &'t Space, error: Error) -> Range<'t> {
+    pub(crate) fn failed(
+        tree: impl Into<Held<'t, Shared>>,
+        space: impl Into<Held<'t, Space>>,
+        error: Error,
+    ) -> Range<'t> {
+        let tree = tree.into();
+        let start = tree.versions().begin_scan();
         let mut range = Range::from_start(
             tree,
-            space,
-            false,
+            space.into(),
             (Bound::Excluded([0u8]), Bound::Excluded([0u8])),
-            tree.versions().begin_scan(),
+            start,
         );
         range.error = Some(error);
         range.finished = false;
@@ -168,9 +174,8 @@ impl<'t> Range<'t> {
     }
 
     fn from_start<K: AsRef<[u8]>, R: std::ops::RangeBounds<K>>(
-        tree: &'t Shared,
-        space: &'t Space,
-        gated: bool,
+        tree: Held<'t, Shared>,
+        space: Held<'t, Space>,
         range: R,
         start: ScanStart,
     ) -> Range<'t> {
@@ -190,9 +195,9 @@ impl<'t> Range<'t> {
             upper.as_ref().map(Vec::as_slice),
         );
         Range {
+            prefix_len: space.prefix().as_slice().len(),
             tree,
             space,
-            gate: gated.then_some(space),
             front,
             back,
             lower,
@@ -226,7 +231,8 @@ impl<'t> Range<'t> {
             return Err(e);
         }
         while self.front_buf.is_empty() && !self.front_done {
-            let _in = self.enter()?;
+            // The gate of the keyspace alone is borrowed: the refill fills the rest.
+            let _in = self.space.gate().map(Space::enter).transpose()?;
             let guard = sync::pin();
             let seek = match &self.front {
                 Bound::Unbounded => Seek::First,
@@ -306,7 +312,8 @@ impl<'t> Range<'t> {
             return Err(e);
         }
         while self.back_buf.is_empty() && !self.back_done {
-            let _in = self.enter()?;
+            // The gate of the keyspace alone is borrowed: the refill fills the rest.
+            let _in = self.space.gate().map(Space::enter).transpose()?;
             let guard = sync::pin();
             let seek = match &self.back {
                 Bound::Unbounded => Seek::Last,
@@ -381,11 +388,6 @@ impl<'t> Range<'t> {
         self
     }
 
-    /// Passes the keyspace's gate, if this iterator came from a `Keyspace`.
-    fn enter(&self) -> Result<Option<Entered<'t>>> {
-        self.gate.map(Space::enter).transpose()
-    }
-
     /// The next record from the front, borrowed from the iterator: what
     /// [`next`](Iterator::next) yields, without copying it into vectors of its own. A leaf
     /// is copied once, into buffers the iterator reuses from leaf to leaf (and leaves to the
@@ -435,8 +437,8 @@ impl<'t> Range<'t> {
         // An error for this record's value alone (a damaged extent, a failed fold) takes
         // its place: the records after it are still yielded.
         Some(lend(
-            self.tree,
-            self.space,
+            &self.tree,
+            self.prefix_len,
             self.values,
             k,
             v,
@@ -483,13 +485,55 @@ impl<'t> Range<'t> {
         // An error for this record's value alone (a damaged extent, a failed fold) takes
         // its place: the records after it are still yielded.
         Some(lend(
-            self.tree,
-            self.space,
+            &self.tree,
+            self.prefix_len,
             self.values,
             k,
             v,
             &mut self.blob_value,
         ))
+    }
+}
+
+/// What a range reads from: borrowed from the `Tree` (or snapshot) that made it, or a
+/// clone of a `Keyspace` handle's, so that the iterator borrows the tree, never the handle.
+pub(crate) enum Held<'t, T> {
+    Borrowed(&'t T),
+    Owned(std::sync::Arc<T>),
+}
+
+impl<T> Held<'_, T> {
+    /// What a refill passes the gate of: the keyspace of a handle's iterator, which may
+    /// outlive the tree (one made by the tree, a snapshot or the tree core borrows them).
+    fn gate(&self) -> Option<&T> {
+        match self {
+            Held::Borrowed(_) => None,
+            Held::Owned(t) => Some(t),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        match self {
+            Held::Borrowed(t) => t,
+            Held::Owned(t) => t,
+        }
+    }
+}
+
+impl<'t, T> From<&'t T> for Held<'t, T> {
+    fn from(t: &'t T) -> Self {
+        Held::Borrowed(t)
+    }
+}
+
+impl<T> From<std::sync::Arc<T>> for Held<'_, T> {
+    fn from(t: std::sync::Arc<T>) -> Self {
+        Held::Owned(t)
     }
 }
 
@@ -553,13 +597,13 @@ impl Drop for Range<'_> {
 #[inline]
 fn lend<'a>(
     tree: &Shared,
-    space: &Space,
+    prefix_len: usize,
     values: Values,
     key: &'a [u8],
     value: &'a [u8],
     blob_value: &'a mut Vec<u8>,
 ) -> Result<(&'a [u8], &'a [u8])> {
-    let key = &key[space.prefix().as_slice().len()..];
+    let key = &key[prefix_len..];
     if values == Values::Read && value.first() == Some(&MARKED) {
         return read_marked(tree, key, value, blob_value);
     }
