@@ -4,7 +4,7 @@ use std::ops::RangeBounds;
 
 use super::keyspace::Keyspace;
 use crate::error::{Error, Result};
-use crate::tree::keyspace::Space;
+use crate::tree::keyspace::{prefix_range, Space};
 use crate::tree::read::Range;
 use crate::tree::shared::Shared;
 use crate::tree::versions::ScanStart;
@@ -161,6 +161,70 @@ impl Snapshot {
     /// ```
     pub fn iter(&self, keyspace: &Keyspace) -> Range<'_> {
         self.range::<&[u8], _>(keyspace, ..)
+    }
+
+    /// The records of `keyspace` whose keys start with `prefix`, at the snapshot's moment.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"user/1", b"")?;
+    /// let snap = tree.snapshot();
+    /// tree.insert(b"user/2", b"")?;
+    /// assert_eq!(snap.prefix(&tree.default_keyspace(), b"user/").count(), 1);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn prefix(&self, keyspace: &Keyspace, prefix: impl AsRef<[u8]>) -> Range<'_> {
+        self.range(keyspace, prefix_range(prefix.as_ref()))
+    }
+
+    /// The record of `keyspace` with the smallest key at the snapshot's moment, if any.
+    ///
+    /// # Errors
+    /// As the first item of [`Snapshot::iter`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let snap = tree.snapshot();
+    /// tree.insert(b"a", b"1")?;
+    /// assert_eq!(snap.first(&tree.default_keyspace())?, None);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn first(&self, keyspace: &Keyspace) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        self.iter(keyspace).next().transpose()
+    }
+
+    /// The record of `keyspace` with the largest key at the snapshot's moment, if any.
+    ///
+    /// # Errors
+    /// As the last item of [`Snapshot::iter`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// let snap = tree.snapshot();
+    /// tree.insert(b"b", b"2")?;
+    /// assert_eq!(snap.last(&tree.default_keyspace())?, Some((b"a".to_vec(), b"1".to_vec())));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn last(&self, keyspace: &Keyspace) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        self.iter(keyspace).next_back().transpose()
+    }
+
+    /// The exact number of keys of `keyspace` at the snapshot's moment (a scan of the keys).
+    ///
+    /// # Errors
+    /// The first error the scan meets.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// let snap = tree.snapshot();
+    /// tree.insert(b"b", b"2")?;
+    /// assert_eq!(snap.len(&tree.default_keyspace())?, 1);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn len(&self, keyspace: &Keyspace) -> Result<u64> {
+        self.iter(keyspace).count_keys()
     }
 
     /// `keyspace`'s state, if it is one of this snapshot's tree.

@@ -10,7 +10,7 @@ use super::transaction_range::TransactionRange;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use crate::tree::batch::Change;
-use crate::tree::keyspace::{is_empty_range, user_key, Space};
+use crate::tree::keyspace::{is_empty_range, prefix_range, user_key, Space};
 use crate::tree::read::Range;
 use crate::tree::shared::Shared;
 use crate::tree::stats::Event;
@@ -172,6 +172,26 @@ impl Transaction {
     /// ```
     pub fn iter(&mut self, keyspace: &Keyspace) -> TransactionRange<'_> {
         self.range::<&[u8], _>(keyspace, ..)
+    }
+
+    /// The records of `keyspace` whose keys start with `prefix`, as this transaction sees
+    /// them, tracked as [`Transaction::range`] tracks a range.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let ks = tree.default_keyspace();
+    /// tree.insert(b"o/1", b"")?;
+    /// let mut tx = tree.transaction();
+    /// tx.insert(&ks, b"o/2", b"");
+    /// assert_eq!(tx.prefix(&ks, b"o/").count(), 2);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn prefix(
+        &mut self,
+        keyspace: &Keyspace,
+        prefix: impl AsRef<[u8]>,
+    ) -> TransactionRange<'_> {
+        self.range(keyspace, prefix_range(prefix.as_ref()))
     }
 
     /// Adds an insert of `key` → `value` into `keyspace`, applied at commit (an invalid

@@ -2,6 +2,7 @@
 
 use super::tree::Tree;
 use crate::error::Result;
+use crate::tree::keyspace::prefix_range;
 use crate::tree::read::Range;
 
 impl Tree {
@@ -276,6 +277,74 @@ impl Tree {
     /// ```
     pub fn iter(&self) -> Range<'_> {
         Range::new::<&[u8], _>(&*self.shared, &**self.default_space(), ..)
+    }
+
+    /// The records whose keys start with `prefix`, in ascending key order (`rev` for
+    /// descending); an empty prefix gives every record.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// for k in ["user/1", "user/2", "users", "video/1"] {
+    ///     tree.insert(k, b"")?;
+    /// }
+    /// let keys: Vec<Vec<u8>> = tree.prefix(b"user/").map(|r| r.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+    /// assert_eq!(keys, [b"user/1".to_vec(), b"user/2".to_vec()]);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn prefix(&self, prefix: impl AsRef<[u8]>) -> Range<'_> {
+        self.range(prefix_range(prefix.as_ref()))
+    }
+
+    /// The record with the smallest key, if any.
+    ///
+    /// # Errors
+    /// As the first item of [`Tree::iter`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// assert_eq!(tree.first()?, None);
+    /// tree.insert(b"b", b"2")?;
+    /// tree.insert(b"a", b"1")?;
+    /// assert_eq!(tree.first()?, Some((b"a".to_vec(), b"1".to_vec())));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn first(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        self.iter().next().transpose()
+    }
+
+    /// The record with the largest key, if any.
+    ///
+    /// # Errors
+    /// As the last item of [`Tree::iter`].
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// tree.insert(b"a", b"1")?;
+    /// tree.insert(b"b", b"2")?;
+    /// assert_eq!(tree.last()?, Some((b"b".to_vec(), b"2".to_vec())));
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    pub fn last(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        self.iter().next_back().transpose()
+    }
+
+    /// The exact number of keys (of the default keyspace), counted by a scan of the keys:
+    /// values stored out of line are not read. It takes time in proportion to the keys.
+    ///
+    /// # Errors
+    /// The first error the scan meets.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// assert_eq!(tree.len()?, 0);
+    /// tree.insert(b"a", b"1")?;
+    /// tree.insert(b"b", b"2")?;
+    /// assert_eq!(tree.len()?, 2);
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
+    #[allow(clippy::len_without_is_empty)] // `first()?.is_none()` says whether it is empty
+    pub fn len(&self) -> Result<u64> {
+        self.iter().count_keys()
     }
 }
 

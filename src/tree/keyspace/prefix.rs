@@ -112,6 +112,13 @@ impl Prefix {
     }
 }
 
+/// The range of the keys that start with `prefix`: from it, to the smallest key above all of
+/// them (none for an empty prefix or one of `FF` bytes alone).
+pub(crate) fn prefix_range(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let upper = Prefix::past(prefix.to_vec()).map_or(Bound::Unbounded, Bound::Excluded);
+    (Bound::Included(prefix.to_vec()), upper)
+}
+
 /// Whether no key lies between `lower` and `upper` (inverted bounds, or one key excluded at
 /// either end): `BTreeMap::range` panics on those, a scan yields nothing.
 pub(crate) fn is_empty_range(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {

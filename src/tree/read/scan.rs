@@ -179,6 +179,19 @@ impl<'t> Range<'t> {
         range: R,
         start: ScanStart,
     ) -> Range<'t> {
+        // A bound longer than any key is refused as a lookup of it is.
+        let limit = tree.limits().max_key_len;
+        let too_long = [range.start_bound(), range.end_bound()]
+            .into_iter()
+            .find_map(|b| match b {
+                Bound::Included(k) | Bound::Excluded(k) if k.as_ref().len() > limit => {
+                    Some(Error::KeyTooLarge {
+                        len: k.as_ref().len(),
+                        limit,
+                    })
+                }
+                _ => None,
+            });
         let ScanBuffers {
             front: front_buf,
             back: back_buf,
@@ -194,7 +207,7 @@ impl<'t> Range<'t> {
             lower.as_ref().map(Vec::as_slice),
             upper.as_ref().map(Vec::as_slice),
         );
-        Range {
+        let mut range = Range {
             prefix_len: space.prefix().as_slice().len(),
             tree,
             space,
@@ -220,7 +233,12 @@ impl<'t> Range<'t> {
             finished: empty,
             error: None,
             start,
+        };
+        if let Some(e) = too_long {
+            range.error = Some(e);
+            (range.front_done, range.back_done, range.finished) = (true, true, false);
         }
+        range
     }
 
     /// Copies out the next leaf (going up) that has records in range. Out of line, so that
@@ -379,6 +397,20 @@ impl<'t> Range<'t> {
     #[cfg(all(test, not(shuttle)))]
     pub(in crate::tree) fn read_ahead(&self) -> (u64, u64) {
         (self.ahead.issued, self.ahead.used)
+    }
+
+    /// How many records it yields, counted from their keys (a value stored out of line is
+    /// not read).
+    ///
+    /// # Errors
+    /// The first error a refill meets.
+    pub(crate) fn count_keys(self) -> Result<u64> {
+        let mut n = 0u64;
+        for r in self.keys_only() {
+            r?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// This iterator, yielding the stored form of values kept out of line instead of
