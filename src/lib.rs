@@ -1,8 +1,8 @@
 //! bfkv: an embeddable, concurrent, larger-than-memory key-value store built on the Bf-Tree
 //! (VLDB 2024).
 //!
-//! A B-tree caches whole pages although most records on a page are cold. bfkv keeps 4 KiB
-//! leaf pages on disk and gives each at most one variable-length **mini-page** in memory,
+//! A B-tree caches whole pages although most records on a page are cold. bfkv keeps leaf
+//! pages (8 KiB by default, [`Config::page_size`]) on disk and gives each at most one variable-length **mini-page** in memory,
 //! holding recent writes, hot records and known-absent keys; mini-pages live in one circular
 //! buffer whose size is the memory budget.
 //!

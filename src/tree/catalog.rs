@@ -15,10 +15,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::config::MergeOperator;
 use crate::error::{Error, Result};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, RwLock};
 use crate::tree::keyspace::Space;
-use crate::tree::keyspace::{Prefix, CATALOG_BYTE};
+use crate::tree::keyspace::{prefix_id, Prefix, CATALOG_BYTE};
 use crate::tree::shared::Shared;
 use crate::tree::WriteOp;
 use crate::wal::Appended;
@@ -43,6 +44,9 @@ pub(crate) struct Catalog {
     named: Mutex<HashMap<String, Arc<Space>>>,
     /// Held by a creation or a drop from its first catalog read to its last write.
     change: Mutex<()>,
+    /// The merge operators of the keyspaces configured with one of their own
+    /// (`Config::keyspace_merge_operator`), by keyspace id, as the catalog names them.
+    operators: RwLock<HashMap<u32, MergeOperator>>,
 }
 
 impl Catalog {
@@ -52,6 +56,7 @@ impl Catalog {
             default: Arc::new(Space::new(0, String::new())),
             named: Mutex::new(HashMap::new()),
             change: Mutex::new(()),
+            operators: RwLock::default(),
         }
     }
 
@@ -122,12 +127,64 @@ impl Shared {
             self.write(&name_key, WriteOp::Put(&id.to_le_bytes()))?;
             id
         };
+        self.name_operator(name.as_bytes(), id);
         let space = Arc::new(Space::new(id, name.to_owned()));
         self.catalog()
             .named
             .lock()
             .insert(name.to_owned(), space.clone());
         Ok(space)
+    }
+
+    /// Notes that keyspace `name` has id `id`, for its merge operator if it has its own.
+    fn name_operator(&self, name: &[u8], id: u32) {
+        if let Some(op) = self.config().keyspace_operator(name) {
+            self.catalog().operators.write().insert(id, op.clone());
+        }
+    }
+
+    /// The ids of the keyspaces configured with merge operators of their own, read from
+    /// the catalog as recovered so far (at open, before the log is replayed: replay folds
+    /// with them).
+    ///
+    /// # Errors
+    /// Those of reading the catalog.
+    pub(crate) fn load_keyspace_operators(&self) -> Result<()> {
+        for (name, _) in &self.config().keyspace_merge_operators {
+            if let Some(id) = self.get(&catalog_key(NAME, name.as_bytes()))? {
+                self.name_operator(name.as_bytes(), decode_id(self, &id)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// A write of stored key `key` replayed at open: the naming of a keyspace with a merge
+    /// operator of its own makes that operator the one its later merges fold with.
+    pub(crate) fn replayed_catalog_write(&self, key: &[u8], value: &[u8]) {
+        if let [CATALOG_BYTE, NAME, name @ ..] = key {
+            if let Ok(id) = decode_id(self, value) {
+                self.name_operator(name, id);
+            }
+        }
+    }
+
+    /// The merge operator that folds the operands of stored key `key`: its keyspace's own,
+    /// else the tree's.
+    pub(crate) fn merge_operator_for(
+        &self,
+        key: &[u8],
+    ) -> Option<std::borrow::Cow<'_, MergeOperator>> {
+        if !self.config().keyspace_merge_operators.is_empty() {
+            if let Some(id) = prefix_id(key) {
+                if let Some(op) = self.catalog().operators.read().get(&id) {
+                    return Some(std::borrow::Cow::Owned(op.clone()));
+                }
+            }
+        }
+        self.config()
+            .merge_operator
+            .as_ref()
+            .map(std::borrow::Cow::Borrowed)
     }
 
     /// The names of the keyspaces, in byte order (the default keyspace is not named).

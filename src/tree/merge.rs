@@ -164,7 +164,7 @@ impl Shared {
         base: Option<&[u8]>,
         list: &[u8],
     ) -> Result<Option<Vec<u8>>> {
-        let Some(op) = &self.config().merge_operator else {
+        let Some(op) = self.merge_operator_for(key) else {
             return Err(no_operator());
         };
         let user = user_key(key);
@@ -226,11 +226,12 @@ impl Shared {
     /// Merges `operand` into `key` of `space` (see [`Tree::merge`](crate::Tree::merge)).
     pub(crate) fn merge_in(&self, space: &Space, key: &[u8], operand: &[u8]) -> Result<()> {
         self.limits().check_inline(key, operand)?;
-        if self.config().merge_operator.is_none() {
+        let key = space.prefix().key(key);
+        if self.merge_operator_for(&key).is_none() {
             return Err(no_operator());
         }
         let list = one_operand(operand);
-        self.write(&space.prefix().key(key), WriteOp::Merge(&list))?;
+        self.write(&key, WriteOp::Merge(&list))?;
         self.counters().upserts(1);
         self.after_write();
         Ok(())

@@ -414,7 +414,7 @@ impl Shared {
                 WriteOp::Put(value) => value,
                 WriteOp::Delete => &[],
                 WriteOp::Merge(operands) => {
-                    if self.config.merge_operator.is_none() {
+                    if self.merge_operator_for(key).is_none() {
                         return Err(crate::tree::merge::no_operator());
                     }
                     if !crate::tree::merge::is_operand_list(operands) {
@@ -437,7 +437,11 @@ impl Shared {
                     self.storage().blobs().claim(&r)?;
                 }
             }
-            self.apply(key, op, false).map(|_| ())
+            self.apply(key, op, false)?;
+            if let WriteOp::Put(value) = op {
+                self.replayed_catalog_write(key, value);
+            }
+            Ok(())
         })?;
         self.counters.replayed(stats.applied);
         Ok(())

@@ -110,7 +110,8 @@ impl Batch {
     /// # Ok::<(), bfkv::Error>(())
     /// ```
     pub fn merge(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>, operand: impl AsRef<[u8]>) {
-        if self.error.is_none() && self.shared.config().merge_operator.is_none() {
+        let stored = keyspace.parts().1.prefix().key(key.as_ref());
+        if self.error.is_none() && self.shared.merge_operator_for(&stored).is_none() {
             self.error = Some(crate::tree::merge::no_operator());
         }
         let operand = operand.as_ref();
@@ -134,6 +135,15 @@ impl Batch {
     }
 
     /// Whether no write was added.
+    ///
+    /// ```
+    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
+    /// let mut batch = tree.batch();
+    /// assert!(batch.is_empty());
+    /// batch.insert(&tree.default_keyspace(), b"k", b"v");
+    /// assert!(!batch.is_empty());
+    /// # Ok::<(), bfkv::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
     }

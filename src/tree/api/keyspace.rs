@@ -237,6 +237,8 @@ impl Keyspace {
     /// The records with keys in `range`, ascending (`.rev()` for descending). As
     /// [`Tree::range`](crate::Tree::range); the iterator yields [`Error::Closed`](crate::Error::Closed) or
     /// [`Error::KeyspaceDropped`](crate::Error::KeyspaceDropped) if that happens while it runs.
+    /// For the whole keyspace write [`iter`](Self::iter): `range(..)` names no key type to
+    /// infer.
     ///
     /// ```
     /// let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;

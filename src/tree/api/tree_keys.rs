@@ -249,6 +249,9 @@ impl Tree {
     /// The iterator holds no lock between calls to `next`; it sees every key that is present
     /// for its whole duration and none that is absent for its whole duration.
     ///
+    /// Every bound form works (`a..b`, `a..=b`, `a..`, `..b`, `(Bound, Bound)`); for the
+    /// whole key space write [`iter`](Self::iter): `range(..)` names no key type to infer.
+    ///
     /// ```
     /// # let tree = bfkv::Tree::open(bfkv::Config::in_memory())?;
     /// for k in [b"a", b"b", b"c"] { tree.insert(k, b"")?; }

@@ -7,6 +7,6 @@ mod space;
 #[cfg(all(test, not(shuttle)))]
 pub(in crate::tree) use prefix::stored_key;
 pub(in crate::tree) use prefix::{
-    is_empty_range, prefix_range, user_key, FullKey, Prefix, CATALOG_BYTE,
+    is_empty_range, prefix_id, prefix_range, user_key, FullKey, Prefix, CATALOG_BYTE,
 };
 pub(in crate::tree) use space::Space;

@@ -141,6 +141,20 @@ pub(crate) fn user_key(key: &[u8]) -> &[u8] {
     key.get(len..).unwrap_or(key)
 }
 
+/// The id of the keyspace stored key `key` belongs to (`None` for a catalog key, or one
+/// too short to carry a prefix).
+pub(crate) fn prefix_id(key: &[u8]) -> Option<u32> {
+    match key.first() {
+        Some(&b) if u32::from(b) < SHORT_IDS => Some(u32::from(b)),
+        Some(&b) if (0xF0..=0xF3).contains(&b) => {
+            let n = usize::from(b - 0xEF);
+            let bytes = key.get(1..=n)?;
+            Some(bytes.iter().fold(0u32, |id, &b| id << 8 | u32::from(b)))
+        }
+        _ => None,
+    }
+}
+
 /// `key` as the default keyspace stores it (tests that look inside the tree).
 #[cfg(all(test, not(shuttle)))]
 pub(crate) fn stored_key(key: &[u8]) -> Vec<u8> {

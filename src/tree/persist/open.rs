@@ -243,6 +243,7 @@ pub(crate) fn open_on(
         Journal::new(wal, durability, checkpoint_lsn),
         lock,
     );
+    shared.load_keyspace_operators()?;
     shared.replay_log(&floors)?;
     // Pages written back during replay are stamped with the log's end, not with how far
     // replay had got: a fuzzy checkpoint must not list one under a leaf dirtied since.

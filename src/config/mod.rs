@@ -3,8 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod merge;
+
 use crate::error::{Error, Result};
 use crate::limits::{max_batch_len, Limits};
+pub(crate) use merge::MergeOperator;
 
 /// Smallest leaf page size accepted (bytes).
 pub(crate) const MIN_PAGE_SIZE: usize = 4 << 10;
@@ -98,20 +101,8 @@ pub struct Config {
     pub(crate) log_segment_size: u64,
     pub(crate) log_staging_size: usize,
     pub(crate) merge_operator: Option<MergeOperator>,
-}
-
-/// The function [`Config::merge_operator`] installs: `(key, old value, operand) -> new value`
-/// (`None` removes the key).
-pub(crate) type MergeFn = dyn Fn(&[u8], Option<&[u8]>, &[u8]) -> Option<Vec<u8>> + Send + Sync;
-
-/// A tree's merge operator, shared by every thread that folds operands.
-#[derive(Clone)]
-pub(crate) struct MergeOperator(pub(crate) std::sync::Arc<MergeFn>);
-
-impl std::fmt::Debug for MergeOperator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MergeOperator")
-    }
+    /// Keyspaces with merge operators of their own, by name.
+    pub(crate) keyspace_merge_operators: Vec<(String, MergeOperator)>,
 }
 
 impl Config {
@@ -162,6 +153,7 @@ impl Config {
             log_segment_size: DEFAULT_LOG_SEGMENT_SIZE,
             log_staging_size: DEFAULT_LOG_STAGING_SIZE,
             merge_operator: None,
+            keyspace_merge_operators: Vec::new(),
         }
     }
 
@@ -273,42 +265,6 @@ impl Config {
     #[must_use]
     pub fn merge_threshold(mut self, bytes: usize) -> Self {
         self.merge_threshold = Some(bytes);
-        self
-    }
-
-    /// The function that combines a key's value with a merge operand, for
-    /// [`Tree::merge`](crate::Tree::merge): it gets the key (without its keyspace), the current
-    /// value (`None` if absent) and the operand, and returns the new value (`None` removes the
-    /// key). A merge is blind: it buffers the operand in the leaf's mini-page without reading
-    /// the old value, and the operands are folded over it, in the order they were
-    /// acknowledged, when the key is read or its leaf is written back. The same operator must
-    /// be configured whenever the tree is opened: a log holding merges cannot be replayed
-    /// without it (`Err(InvalidConfig)` at open). It must be deterministic, and return at
-    /// most [`Limits::max_value_len`] bytes; a longer result is `Err(ValueTooLarge)` for the
-    /// call that folds it, and the operands stay buffered.
-    ///
-    /// A leaf's operands are folded into its page by one read and one write when its
-    /// mini-page is evicted, so a merge costs that write-back shared by the operands the
-    /// cache held for the leaf: with data far larger than the cache, larger pages (fewer
-    /// leaves, more operands each) make merges cheaper (`docs/benchmarks.md`).
-    ///
-    /// ```
-    /// let add = |_key: &[u8], old: Option<&[u8]>, operand: &[u8]| {
-    ///     let n = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
-    ///     Some((n(old) + n(Some(operand))).to_le_bytes().to_vec())
-    /// };
-    /// let tree = bfkv::Tree::open(bfkv::Config::in_memory().merge_operator(add))?;
-    /// tree.merge(b"visits", 1u64.to_le_bytes())?;
-    /// tree.merge(b"visits", 2u64.to_le_bytes())?;
-    /// assert_eq!(tree.get(b"visits")?, Some(3u64.to_le_bytes().to_vec()));
-    /// # Ok::<(), bfkv::Error>(())
-    /// ```
-    #[must_use]
-    pub fn merge_operator(
-        mut self,
-        operator: impl Fn(&[u8], Option<&[u8]>, &[u8]) -> Option<Vec<u8>> + Send + Sync + 'static,
-    ) -> Self {
-        self.merge_operator = Some(MergeOperator(std::sync::Arc::new(operator)));
         self
     }
 
