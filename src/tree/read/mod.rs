@@ -4,6 +4,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `scan.rs` | the public [`Range`]: a double-ended iterator that copies out one leaf at a time |
+//! | `scan_items.rs` | what a range reads from, a record as it is lent, the bounds' buffers |
 //! | `copied.rs` | what a scan copied out of a leaf and has not yielded yet, and the copying |
 //! | `scan_buffers.rs` | the buffers scans copy into, kept per thread |
 //! | `scan_locked.rs` | a scan's refill under the leaf's read lock |
@@ -20,6 +21,7 @@ mod optimistic;
 mod readahead;
 mod scan;
 mod scan_buffers;
+mod scan_items;
 mod scan_locked;
 
 pub use scan::Range;
