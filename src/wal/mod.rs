@@ -79,6 +79,7 @@
 //! records synced since the last mark (at most about 1 MiB, and only after a crash) still
 //! reads as a torn tail.
 
+mod damage;
 mod format;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 mod fuzz;
@@ -96,6 +97,8 @@ mod shuttle_tests;
 mod tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests_crash;
+#[cfg(all(test, not(shuttle)))]
+mod tests_tail;
 
 pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write, BatchValue};
 #[cfg(any(fuzzing, bfkv_internals))]

@@ -93,17 +93,10 @@ pub(super) struct StagingRing {
     marked: AtomicU64,
 }
 
-/// A hash of this boot's id (`/proc/sys/kernel/random/boot_id`), or `None` where there is
-/// none: then no mark is trusted to tell damage from a torn tail.
+/// A hash of this boot's id, or `None` where there is none: then no mark is trusted to
+/// tell damage from a torn tail.
 fn boot() -> Option<u64> {
-    static BOOT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *BOOT.get_or_init(|| {
-        let id = fs::read("/proc/sys/kernel/random/boot_id").ok()?;
-        let id = id.trim_ascii();
-        (!id.is_empty()).then(|| {
-            u64::from(checksum::crc32c(id)) << 32 | u64::from(checksum::crc32c(&id[id.len() / 2..]))
-        })
-    })
+    sys::boot_id()
 }
 
 /// The published-mark bytes: `boot`, `lsn`, their checksum.
