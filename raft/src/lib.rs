@@ -75,6 +75,7 @@ use std::path::Path;
 use openraft::{BasicNode, ErrorSubject, ErrorVerb};
 use serde::{Deserialize, Serialize};
 
+mod checks;
 pub mod client;
 mod error;
 mod files;
@@ -87,6 +88,7 @@ mod sm_dir;
 mod state_machine;
 pub mod tcp;
 mod tracked;
+mod vote_file;
 
 pub use log_store::{LogReader, LogStore};
 pub use state_machine::{Reader, SnapshotBuilder, StateMachine};
@@ -291,12 +293,12 @@ pub fn open_with(
         .map_err(|e| error::Error::io(dir, e))
         // The log tree first: its directory lock is held from here on, so a second process
         // opening this node fails before it can touch (and clean up) `sm/`.
-        .and_then(|()| LogStore::open(&dir.join("log"), options.log_cache_size))
+        .and_then(|()| LogStore::open(dir, options.log_cache_size))
         .and_then(|log| {
-            Ok((
-                log,
-                StateMachine::open(&dir.join("sm"), options.sm_cache_size)?,
-            ))
+            let at_open = log.at_open();
+            let sm = StateMachine::open(&dir.join("sm"), options.sm_cache_size, at_open.is_new())?;
+            checks::check(&at_open, &sm.at_open()?)?;
+            Ok((log, sm))
         });
     opened.map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Read))
 }
