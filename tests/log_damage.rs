@@ -4,12 +4,13 @@
 //! were acknowledged is `Err(Corruption)` naming the segment and the damaged record's
 //! offset, never a log cut short there with every later record dropped.
 //!
-//! Two ways to leave the records unsealed: `Sync`, where every record was synced (and the
-//! synced mark moved with each sync), and `Buffered` with no staging ring and no sync in
-//! the child's lifetime, where no mark covers any record and only the records that verify
-//! after the damage tell it from a torn tail. There, a flip in the very last record looks
-//! exactly like a torn tail and is cut; under `Sync` the last record was synced, so its
-//! damage is reported too.
+//! Three ways to leave the records unsealed: `Sync`, where every record was synced (and the
+//! synced mark moved with each sync); `Buffered` with no staging ring and no sync in the
+//! child's lifetime, where no mark covers any record and only the records that verify
+//! after the damage tell it from a torn tail (a flip in the very last record looks exactly
+//! like a torn tail and is cut; under `Sync` the last record was synced, so its damage is
+//! reported too); and `Buffered` with every record still in the staging ring, where what
+//! the appends published tells.
 
 mod common;
 
@@ -40,6 +41,11 @@ fn config(dir: &Path, mode: &str) -> Config {
         "buffered" => config
             .durability(Durability::Buffered)
             .log_staging_size(0)
+            .flush_interval(Duration::from_secs(60)),
+        // Every record stays in the staging ring (`wal/staging`): nothing drains it into
+        // the segments while the child runs.
+        "buffered-ring" => config
+            .durability(Durability::Buffered)
             .flush_interval(Duration::from_secs(60)),
         other => panic!("unknown mode {other}"),
     }
@@ -210,4 +216,50 @@ fn damage_in_a_crashed_unsynced_log_is_reported_and_only_a_torn_tail_is_cut() {
             "key {i}"
         );
     }
+}
+
+#[test]
+fn damage_in_a_crashed_staging_ring_is_reported_never_cut() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+    }
+    let crashed = tempfile::tempdir().expect("tempdir");
+    crash_after_inserts(
+        "damage_in_a_crashed_staging_ring_is_reported_never_cut",
+        crashed.path(),
+        "buffered-ring",
+    );
+    let ring = crashed.path().join("wal/staging");
+    let bytes = std::fs::read(&ring).expect("staging ring");
+    // The ring's bytes start at the page after its header; the records from there on.
+    let data = 4096u64;
+    let end = bytes.iter().rposition(|&b| b != 0).expect("records") as u64 + 1;
+    assert!(end > data + 100_000, "the records are in the ring");
+    for percent in [20, 50, 80] {
+        let copy = tempfile::tempdir().expect("tempdir");
+        copy_dir(crashed.path(), copy.path());
+        let at = data + (end - data) * percent / 100;
+        let staged = copy.path().join("wal/staging");
+        flip(&staged, at);
+        match Tree::open(config(copy.path(), "buffered-ring")) {
+            Err(Error::Corruption {
+                file,
+                offset: Some(offset),
+                ..
+            }) => {
+                assert_eq!(file, staged, "{percent} %");
+                assert!(
+                    offset <= at && at - offset < RECORD_MAX,
+                    "{percent} %: damage at {at} reported at {offset}"
+                );
+            }
+            Err(e) => panic!("{percent} %: {e:?}"),
+            Ok(tree) => {
+                let kept = tree.iter().count();
+                panic!("ring {percent} %: opened with {kept} of {KEYS} keys");
+            }
+        }
+    }
+    let tree = Tree::open(config(crashed.path(), "buffered-ring")).expect("reopen");
+    assert_eq!(tree.iter().count(), KEYS);
 }
