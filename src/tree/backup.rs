@@ -5,8 +5,9 @@
 //! 2. With checkpoints held off (so the pages the last one references stay as they are, no
 //!    log segment is removed, and no blob extent is freed), copy the checkpoint file and the
 //!    data file, link (or copy) the log's segments, then copy the blob file. Pages written since the checkpoint are copied too but
-//!    referenced by nothing the copy holds; the active segment is copied, and what it holds
-//!    past the point it was read is cut as a torn tail.
+//!    referenced by nothing the copy holds; the active segment is copied, its boot tag
+//!    cleared (its reads raced the writes), and what it holds past the point it was read is
+//!    cut as a torn tail.
 //! 3. Open the copy as a tree (its recovery replays the copied log over the copied
 //!    checkpoint), read every leaf's page in it and check it as a read does (checksum,
 //!    a well-formed leaf, not one that lost records to damage), and close it: so the
@@ -50,6 +51,8 @@ impl Shared {
                 let to = wal_dir.join(name);
                 if i + 1 == segments.len() {
                     copy_file(path, &to)?;
+                    // Copied while written: past its mark it reads as after a restart.
+                    crate::wal::clear_boot_tag(&to)?;
                 } else {
                     link_or_copy(path, &to)?;
                 }

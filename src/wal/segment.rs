@@ -380,6 +380,23 @@ fn read_head(fs: &dyn LogFs, path: &Path) -> Result<Option<[u8; HEADER_SIZE as u
     Ok(Some(b))
 }
 
+/// Clears the boot tag of the segment file at `path`, a copy taken while the segment was
+/// written (a backup's). The copy's bytes past its synced mark come from reads that raced
+/// the writes: a record torn by the copy may have whole records after it, as after a
+/// restart, so records that verify after a failed one prove nothing there, and its
+/// recovery cuts at the first failure past the mark.
+///
+/// # Errors
+/// `Io` if the file cannot be opened or written.
+pub(crate) fn clear_boot_tag(path: &Path) -> Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    crate::sys::write_all_at(&file, &[0u8; 4], format::BOOT_AT as u64)
+        .map_err(|e| Error::io(path, e))
+}
+
 /// Writes the synced mark of the segment `file` (starting at `first_lsn`) into slot
 /// `slot % 2`: its records below `synced` are on stable storage. Not synced itself: the
 /// next sync of the segment carries it. Callers alternate the slots.

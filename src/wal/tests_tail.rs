@@ -389,3 +389,16 @@ fn a_torn_synced_mark_loses_only_itself() {
     // A mark copied from another segment (another first LSN) does not count.
     assert_eq!(format::decode_mark(&b, first + 1), None);
 }
+
+#[test]
+fn a_segment_copied_while_written_cuts_at_its_first_failure_past_the_mark() {
+    // A backup's copy raced the writer: a record torn by the copy, whole records after it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
+    let f = OpenOptions::new().write(true).open(&path).expect("open");
+    f.write_all_at(&[0u8; 8], file_offset(lsns[45]) + 6)
+        .expect("tear");
+    drop(f);
+    super::clear_boot_tag(&path).expect("clear");
+    check_cut(dir.path(), &recs, &lsns, 45);
+}
