@@ -237,8 +237,8 @@ pub(crate) fn recover(fs: &dyn LogFs, dir: &Path, new_segment_size: u64) -> Resu
     let slot = free_slot(slots);
     let file = cut_tail(fs, &last.seg, scan, header.segment_size, slot)?;
     let side_slot = free_slot(side_slots);
-    write_side_mark(&*side, side_slot, header.first_lsn, scan.end_lsn)
-        .map_err(|e| Error::io(&side_path, e))?;
+    // Best effort, as at every sync: the header's mark just written covers the same.
+    let _ = write_side_mark(&*side, side_slot, header.first_lsn, scan.end_lsn);
     let mut segments: Vec<Segment> = examined.into_iter().map(|e| e.seg).collect();
     segments.push(last.seg);
     Ok(Recovered {
