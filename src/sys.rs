@@ -295,6 +295,24 @@ pub(crate) fn is_injected_fault(e: &io::Error) -> bool {
     e.raw_os_error() == want.raw_os_error() && e.to_string() == want.to_string()
 }
 
+/// A hash of this boot's id (`/proc/sys/kernel/random/boot_id`; never 0), or `None` where
+/// there is none. Within one boot the page cache holds every byte a process wrote to a
+/// file, in order, even after the process dies; across a restart, only what was synced is
+/// sure to be there, and unsynced pages may have reached the disk in any order. The log
+/// tells damage from a torn tail by whether its bytes were written on this boot.
+pub(crate) fn boot_id() -> Option<u64> {
+    static BOOT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let id = fs::read("/proc/sys/kernel/random/boot_id").ok()?;
+        let id = id.trim_ascii();
+        (!id.is_empty()).then(|| {
+            use crate::store::checksum::crc32c;
+            let hash = u64::from(crc32c(id)) << 32 | u64::from(crc32c(&id[id.len() / 2..]));
+            hash.max(1)
+        })
+    })
+}
+
 /// The system's memory page size.
 pub(crate) fn page_size() -> usize {
     #[cfg(unix)]

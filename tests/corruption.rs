@@ -5,8 +5,10 @@
 //! the tree, scans it and reads sampled keys. Every answer must be correct data or
 //! `Err(Corruption)`; never a panic, never a wrong value. For the log, "correct" is precise:
 //! the tree equals the replay of a prefix of the history that keeps at least every record
-//! before the damage, and a flipped byte in a segment before the last is `Corruption` naming
-//! that segment.
+//! before the damage, and a flipped byte in any record the child synced (in every segment,
+//! the last one's too: the sync marked them) is `Corruption` naming its segment. A log cut
+//! short is `Corruption` while the side file of synced marks says more was synced, and a
+//! torn tail, cut, once that file is gone too (as a power cut may leave it).
 
 mod common;
 
@@ -353,23 +355,33 @@ fn damaged_files_give_correct_data_or_corruption() {
             let outcome = read_back(dir, &what);
             log_trials += 1;
             let full = dir.join(rel);
-            if pos < HEADER || (!is_last && pos < used[i]) {
+            if pos < used[i] {
+                // A header, or a record the child synced before it exited.
                 match outcome {
                     Outcome::OpenCorrupt(f) => assert_eq!(f, full, "{what}: wrong file named"),
                     Outcome::Read(..) => panic!("{what}: damage not reported"),
                 }
-            } else if pos >= used[i] {
+            } else {
                 // Past the last record: the log ends there anyway.
                 expect_prefix(&model, outcome, OPS, &what);
-            } else {
-                // In the last segment: the tail is cut at the damaged record.
-                let min = model.ops_before(first + pos - HEADER);
-                expect_prefix(&model, outcome, min, &what);
             }
+        }
+        // The side file of synced marks gone too: past the header's own mark, a flip in
+        // the last segment's last record is a torn tail, cut there.
+        if is_last {
+            let mut files = pristine.clone();
+            files.remove(&PathBuf::from("wal/synced"));
+            let at = model.ends[OPS - 2] - first + HEADER + 3;
+            files.get_mut(rel).expect("segment")[at as usize] ^= 0x08;
+            restore(dir, &files);
+            let what = format!("flip {} byte {at}, no side file", rel.display());
+            expect_prefix(&model, read_back(dir, &what), OPS - 1, &what);
+            log_trials += 1;
         }
     }
 
-    // 2. The log cut at many points: later segments gone, this one truncated.
+    // 2. The log cut at many points: later segments gone, this one truncated, and the side
+    // file of synced marks gone with them (else the cut loses records it says were synced).
     for (i, (rel, first)) in segments.iter().enumerate() {
         for cut in (0..used[i]).step_by(1021).chain([used[i] - 1, 32, 63, 64]) {
             let mut files = pristine.clone();
@@ -377,6 +389,7 @@ fn damaged_files_give_correct_data_or_corruption() {
                 files.remove(later);
             }
             files.get_mut(rel).expect("segment").truncate(cut as usize);
+            let side = files.remove(&PathBuf::from("wal/synced"));
             restore(dir, &files);
             let what = format!("log cut in {} at {cut}", rel.display());
             let min = if cut <= HEADER {
@@ -386,6 +399,15 @@ fn damaged_files_give_correct_data_or_corruption() {
             };
             expect_prefix(&model, read_back(dir, &what), min, &what);
             log_trials += 1;
+            if rel == last_rel && cut > HEADER {
+                files.insert(PathBuf::from("wal/synced"), side.expect("side file"));
+                restore(dir, &files);
+                let what = format!("{what}, with the side file");
+                match read_back(dir, &what) {
+                    Outcome::OpenCorrupt(f) => assert_eq!(f, dir.join(rel), "{what}"),
+                    Outcome::Read(..) => panic!("{what}: synced records lost, not reported"),
+                }
+            }
         }
     }
 

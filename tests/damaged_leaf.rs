@@ -177,3 +177,69 @@ fn one_damaged_leaf_answers_corruption_and_nothing_else_stops() {
     }
     tree.close().expect("close");
 }
+
+/// A backup reads every leaf page it copies: a tree with a damaged leaf is not backed up
+/// as if it were whole (a snapshot built from it would spread the damage), before the
+/// damaged leaf is written again or after its salvage marked it.
+#[test]
+fn a_backup_of_a_tree_with_a_damaged_leaf_fails_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("db");
+    let tree = Tree::open(config(&dir)).expect("open");
+    for i in 0..KEYS {
+        tree.insert(key(i), value(i, 0)).expect("insert");
+    }
+    tree.backup(tmp.path().join("whole"))
+        .expect("backup of an undamaged tree");
+    tree.close().expect("close");
+    let data = dir.join("data");
+    let pristine = fs::read(&data).expect("read data");
+    let mut damaged = None;
+    for page in (1..pristine.len() / PAGE).rev() {
+        if pristine[page * PAGE..(page + 1) * PAGE]
+            .iter()
+            .all(|&b| b == 0)
+        {
+            continue;
+        }
+        let mut bytes = pristine.clone();
+        bytes[page * PAGE + PAGE / 2] ^= 0x10;
+        fs::write(&data, &bytes).expect("damage");
+        let tree = Tree::open(config(&dir)).expect("open with a damaged page");
+        let corrupt = read_all(&tree, |i| Some(value(i, 0)), "damaged");
+        drop(tree);
+        if let Some(&first) = corrupt.first() {
+            damaged = Some(first);
+            break;
+        }
+        fs::write(&data, &pristine).expect("restore");
+    }
+    let first = damaged.expect("no page of the data file held a leaf");
+    let tree = Tree::open(config(&dir)).expect("open");
+    let target = tmp.path().join("copy");
+    match tree.backup(&target) {
+        Err(Error::Corruption { file, page, .. }) => {
+            assert_eq!(file, data);
+            assert!(page.is_some());
+        }
+        other => panic!("backup of a damaged tree: {other:?}"),
+    }
+    assert!(!target.exists(), "a failed backup left files");
+    // Written again, the leaf is salvaged: its lost keys stay lost, and so is the backup.
+    tree.insert(key(first), value(first, 1))
+        .expect("write to the damaged leaf");
+    tree.checkpoint().expect("checkpoint");
+    assert!(
+        tree.stats().leaves_salvaged > 0,
+        "the damaged leaf was not salvaged"
+    );
+    assert!(matches!(
+        tree.backup(&target),
+        Err(Error::Corruption { .. })
+    ));
+    assert!(!target.exists(), "a failed backup left files");
+    tree.close().expect("close");
+    // The backup taken before the damage holds every key.
+    let whole = Tree::open(config(&tmp.path().join("whole"))).expect("open the backup");
+    assert!(read_all(&whole, |i| Some(value(i, 0)), "backup").is_empty());
+}

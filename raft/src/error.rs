@@ -34,6 +34,15 @@ pub(crate) enum Error {
         /// Which check failed.
         reason: &'static str,
     },
+    /// The node directory's parts disagree: each is readable, but together they say that
+    /// something synced was lost (the log or vote went back, the state machine is gone or
+    /// behind the log). The node must not serve from it.
+    Inconsistent {
+        /// The part found wanting.
+        what: &'static str,
+        /// What the check found.
+        reason: &'static str,
+    },
     /// A value did not encode or decode with bincode.
     Codec(bincode::Error),
     /// A blocking task that ran the I/O panicked or was cancelled.
@@ -50,6 +59,11 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+
+    /// Parts of the node directory that disagree (see [`Error::Inconsistent`]).
+    pub(crate) fn inconsistent(what: &'static str, reason: &'static str) -> Self {
+        Error::Inconsistent { what, reason }
     }
 
     /// A decoding failure of `what`.
@@ -69,6 +83,9 @@ impl fmt::Display for Error {
             Error::Tree(e) => write!(f, "bfkv: {e}"),
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Malformed { what, reason } => write!(f, "malformed {what}: {reason}"),
+            Error::Inconsistent { what, reason } => {
+                write!(f, "refusing the node directory: {what}: {reason}")
+            }
             Error::Codec(e) => write!(f, "encoding: {e}"),
             Error::Task(e) => write!(f, "storage task: {e}"),
         }
@@ -82,7 +99,7 @@ impl std::error::Error for Error {
             Error::Io { source, .. } => Some(source),
             Error::Codec(e) => Some(e),
             Error::Task(e) => Some(e),
-            Error::Malformed { .. } => None,
+            Error::Malformed { .. } | Error::Inconsistent { .. } => None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! <node>/log/                 LogStore: a bfkv tree opened with Durability::Sync
 //!        keyspace raft_log    big-endian u64 index -> entry (bincode)
 //!        keyspace raft_meta   vote, committed log id, last purged log id
+//! <node>/vote                 a second copy of the vote, checksummed (vote_file.rs)
 //! <node>/sm/CURRENT           names the live generation: "gen-<20 digits>\n"
 //! <node>/sm/gen-N/tree/       StateMachine: a bfkv tree opened with Durability::Buffered
 //!        keyspace data        the application's keys and values
@@ -20,7 +21,12 @@
 //!
 //! - An `append` is one bfkv batch: one log record and one `fdatasync` (and one of the blob
 //!   file if an entry is longer than half a page), found whole or not at all after a crash.
-//!   The vote is durable before `save_vote` returns.
+//!   The vote is durable before `save_vote` returns, and copied to `<node>/vote` after.
+//! - [`open`] refuses a node directory that lost anything synced: a vote older than its
+//!   copy, a log with a hole or a damaged page, a state machine missing, emptied or behind
+//!   the log's purge point, a log shorter than what the state machine applied (see
+//!   `checks.rs`); a node that refuses to start is replaced through a membership change
+//!   (`docs/scale-out.md`).
 //! - Each applied entry is one batch holding its effect and the new applied log id, so after
 //!   any crash the state machine is exactly the state after some prefix of the log.
 //! - A snapshot is a [`Tree::backup`](bfkv::Tree::backup) of the state-machine tree, packed
@@ -75,6 +81,7 @@ use std::path::Path;
 use openraft::{BasicNode, ErrorSubject, ErrorVerb};
 use serde::{Deserialize, Serialize};
 
+mod checks;
 pub mod client;
 mod error;
 mod files;
@@ -87,6 +94,7 @@ mod sm_dir;
 mod state_machine;
 pub mod tcp;
 mod tracked;
+mod vote_file;
 
 pub use log_store::{LogReader, LogStore};
 pub use state_machine::{Reader, SnapshotBuilder, StateMachine};
@@ -254,8 +262,11 @@ impl Default for Options {
 ///
 /// # Errors
 /// A [`StorageError`](openraft::StorageError) about the store: the directory cannot be
-/// created, a tree fails to open (`Locked` if another process has this node open), or
-/// `sm/CURRENT` or the snapshot file is damaged.
+/// created, a tree fails to open (`Locked` if another process has this node open, or
+/// `Corruption` for damage bfkv finds), `sm/CURRENT`, the snapshot file or the vote file is
+/// damaged, or the parts of the directory disagree in a way that means something synced
+/// was lost (a vote older than its copy, entries missing, a state machine missing, emptied
+/// or behind the log's purge point, a log that ends before what was applied or committed).
 ///
 /// ```
 /// let dir = tempfile::tempdir()?;
@@ -291,12 +302,12 @@ pub fn open_with(
         .map_err(|e| error::Error::io(dir, e))
         // The log tree first: its directory lock is held from here on, so a second process
         // opening this node fails before it can touch (and clean up) `sm/`.
-        .and_then(|()| LogStore::open(&dir.join("log"), options.log_cache_size))
+        .and_then(|()| LogStore::open(dir, options.log_cache_size))
         .and_then(|log| {
-            Ok((
-                log,
-                StateMachine::open(&dir.join("sm"), options.sm_cache_size)?,
-            ))
+            let at_open = log.at_open();
+            let sm = StateMachine::open(&dir.join("sm"), options.sm_cache_size, at_open.is_new())?;
+            checks::check(&at_open, &sm.at_open()?)?;
+            Ok((log, sm))
         });
     opened.map_err(|e| e.storage(ErrorSubject::Store, ErrorVerb::Read))
 }

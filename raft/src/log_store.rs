@@ -16,9 +16,16 @@
 //!   above: openraft only re-applies entries up to the stored committed id at startup, and
 //!   an older one re-applies less but is still committed (a lagging value is safe), which
 //!   saves one `fdatasync` per commit.
+//! - `save_vote` also replaces the vote file beside the tree (`vote_file.rs`) once the
+//!   tree's write is durable, and open refuses a tree whose vote is older than the file's.
+//!
+//! Open reads every entry (so a damaged page of the log is found now, not when openraft
+//! first asks for it) and checks that the indexes follow each other from just after the
+//! last purged id; what it found ([`AtOpen`]) is checked against the state machine by
+//! `crate::checks`.
 
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bfkv::{Batch, Config, Durability, Keyspace, Tree};
@@ -26,7 +33,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogReader, Vote};
 
 use crate::error::{blocking, Error, Result, StorageError};
-use crate::{decode, encode, NodeId, TypeConfig};
+use crate::{decode, encode, vote_file, NodeId, TypeConfig};
 
 /// A log entry of this crate's type configuration.
 type Entry = openraft::Entry<TypeConfig>;
@@ -47,6 +54,8 @@ const OUT_OF_LINE_REF: usize = 28;
 /// The tree and its two keyspaces, shared by the store and its readers.
 #[derive(Debug)]
 struct Shared {
+    /// The node directory: the tree is its `log/`, the vote file beside it.
+    node: PathBuf,
     /// Keyspace handles answer `Closed` once the tree is dropped: this keeps it open.
     tree: Tree,
     /// Index (big-endian) → entry.
@@ -65,6 +74,19 @@ pub struct LogStore {
     committed: Option<LogId<NodeId>>,
     /// Whether `committed` is newer than what the tree holds (see the module docs).
     committed_unsaved: bool,
+    /// What open found.
+    at_open: AtOpen,
+}
+
+/// The log as open found it, for the checks against the state machine (`crate::checks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AtOpen {
+    /// The last purged log id.
+    pub(crate) last_purged: Option<LogId<NodeId>>,
+    /// The last entry's log id.
+    pub(crate) last_entry: Option<LogId<NodeId>>,
+    /// The committed log id stored.
+    pub(crate) committed: Option<LogId<NodeId>>,
 }
 
 /// A reader of the log for openraft's replication tasks
@@ -76,21 +98,26 @@ pub struct LogReader {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log tree in `dir` and finishes a purge a crash interrupted.
-    pub(crate) fn open(dir: &Path, cache_size: usize) -> Result<LogStore> {
-        let config = Config::new(dir)
+    /// Opens (or creates) the log tree in the node directory `node`, finishes a purge a
+    /// crash interrupted, and checks the vote and the entries (module docs).
+    pub(crate) fn open(node: &Path, cache_size: usize) -> Result<LogStore> {
+        let config = Config::new(node.join("log"))
             .page_size(crate::PAGE_SIZE)
             .cache_size(cache_size)
             .durability(Durability::Sync);
         let tree = Tree::open(config)?;
         let shared = Shared {
+            node: node.to_path_buf(),
             log: tree.keyspace("raft_log")?,
             meta: tree.keyspace("raft_meta")?,
             tree,
         };
-        if let Some(purged) = shared.read_meta::<LogId<NodeId>>(LAST_PURGED)? {
+        let last_purged = shared.read_meta::<LogId<NodeId>>(LAST_PURGED)?;
+        if let Some(purged) = last_purged {
             shared.remove_through(purged.index, &[])?;
         }
+        shared.check_vote()?;
+        let last_entry = shared.check_entries(last_purged)?;
         // Stored as openraft passes it: an `Option`.
         let committed = shared
             .read_meta::<Option<LogId<NodeId>>>(COMMITTED)?
@@ -99,7 +126,17 @@ impl LogStore {
             shared: Arc::new(shared),
             committed,
             committed_unsaved: false,
+            at_open: AtOpen {
+                last_purged,
+                last_entry,
+                committed,
+            },
         })
+    }
+
+    /// What open found.
+    pub(crate) fn at_open(&self) -> AtOpen {
+        self.at_open
     }
 
     /// The encoded committed log id if it still has to be written, marking it written.
@@ -139,6 +176,55 @@ impl Drop for LogStore {
 }
 
 impl Shared {
+    /// Refuses a tree whose vote is older than the vote file's, or not comparable with it;
+    /// brings a file behind the tree up to date.
+    fn check_vote(&self) -> Result<()> {
+        let in_tree: Option<Vote<NodeId>> = self.read_meta(VOTE)?;
+        let in_file = vote_file::read(&self.node)?;
+        let behind = match (&in_file, &in_tree) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(file), Some(tree)) => !matches!(
+                file.partial_cmp(tree),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            ),
+        };
+        if behind {
+            return Err(Error::inconsistent(
+                "log tree",
+                "its vote is older than the one the node saved (vote file): the log lost \
+                 records it had synced",
+            ));
+        }
+        match in_tree {
+            Some(vote) if in_file != in_tree => vote_file::write(&self.node, &vote),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads every entry (each must decode and sit under its index) and checks that they
+    /// follow each other, from just after `last_purged` if there is one; returns the last
+    /// one's log id.
+    fn check_entries(&self, last_purged: Option<LogId<NodeId>>) -> Result<Option<LogId<NodeId>>> {
+        let mut last: Option<LogId<NodeId>> = None;
+        for record in &self.log {
+            let id = decode_entry(&record?)?.log_id;
+            let follows = match (last, last_purged) {
+                (Some(prev), _) => Some(prev.index + 1),
+                (None, Some(purged)) => Some(purged.index + 1),
+                (None, None) => None,
+            };
+            if follows.is_some_and(|index| index != id.index) {
+                return Err(Error::inconsistent(
+                    "log tree",
+                    "entries are missing between the last purged one and the last one",
+                ));
+            }
+            last = Some(id);
+        }
+        Ok(last)
+    }
+
     /// The `raft_meta` value under `key`, decoded.
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
         self.meta.get(key)?.map(|bytes| decode(&bytes)).transpose()
@@ -349,6 +435,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let copy = *vote;
         let vote = encode(vote).map_err(|e| e.storage(ErrorSubject::Vote, ErrorVerb::Write))?;
         self.write(move |shared, committed| {
             let mut batch = shared.tree.batch();
@@ -356,8 +443,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if let Some(committed) = committed {
                 batch.insert(&shared.meta, COMMITTED, committed);
             }
-            // Durable on return: the tree is `Sync`.
-            Ok(batch.commit()?)
+            // Durable on return: the tree is `Sync`. The file second: it is never ahead
+            // of the tree unless the tree lost the vote.
+            batch.commit()?;
+            vote_file::write(&shared.node, &copy)
         })
         .await
         .map_err(|e| e.storage(ErrorSubject::Vote, ErrorVerb::Write))

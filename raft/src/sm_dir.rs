@@ -54,6 +54,8 @@ const SNAPSHOT_VERSION: u32 = 1;
 pub(crate) const APPLIED: &[u8] = b"applied";
 /// `sm_meta` key of the last applied membership.
 pub(crate) const MEMBERSHIP: &[u8] = b"membership";
+/// The file every bfkv tree directory holds from its creation on: its page store.
+const TREE_DATA: &str = "data";
 
 /// One generation's open tree and its keyspaces.
 #[derive(Debug)]
@@ -109,6 +111,12 @@ impl SmTree {
             if !dir.is_dir() {
                 create_dir(&dir)?;
             }
+        } else if !create && !tree_dir.join(TREE_DATA).is_file() {
+            // bfkv would make an empty tree there: the applied state would be lost.
+            return Err(Error::inconsistent(
+                "state machine",
+                "the live generation's tree directory holds no tree (its files are gone)",
+            ));
         }
         let tree = Tree::open(tree_config(&tree_dir, cache_size))?;
         Ok(SmTree {
@@ -194,36 +202,74 @@ pub(crate) struct Opened {
     pub(crate) snapshot: Option<Meta>,
 }
 
-/// Opens the state-machine directory `root` (creating a first generation if there is
-/// none) and removes everything `CURRENT` does not name.
-pub(crate) fn open(root: &Path, cache_size: usize) -> Result<Opened> {
+/// Opens the state-machine directory `root` and removes everything `CURRENT` does not
+/// name. If there is no state machine there, a first generation is created only with
+/// `new_node` (the log is empty too); else it is refused: the log holds entries the
+/// state machine applied.
+pub(crate) fn open(root: &Path, cache_size: usize, new_node: bool) -> Result<Opened> {
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
     let Some(generation) = read_current(root)? else {
-        // The first open creates generation 1 and then writes `CURRENT`; only an install
-        // (with `CURRENT` present) makes others. So without `CURRENT`, generation 1 is at
-        // most a first open that crashed, and is taken up again; any other means damage,
-        // and is left for an operator rather than removed.
-        if generations(root)?.into_iter().any(|g| g != 1) {
-            return Err(Error::malformed(
-                "sm/CURRENT",
-                "missing, but generations exist",
-            ));
-        }
-        let tree = SmTree::open(root, 1, cache_size, true)?;
-        clean(root, Some(1))?;
-        sync_dir(tree.dir())?;
-        sync_dir(root)?;
-        write_current(root, 1)?;
-        return Ok(Opened {
-            tree,
-            snapshot: None,
-        });
+        return open_without_current(root, cache_size, new_node);
     };
     // Opened before anything is removed: a `CURRENT` naming no generation fails here.
     let tree = SmTree::open(root, generation, cache_size, false)?;
     clean(root, Some(generation))?;
     remove_file_if_present(&tree.dir().join(format!("{SNAPSHOT}.tmp")))?;
     let snapshot = read_snapshot(tree.dir())?.map(|(meta, _)| meta);
+    Ok(Opened { tree, snapshot })
+}
+
+/// [`open`] of a directory without `CURRENT`. The first open creates generation 1 and
+/// then writes `CURRENT`; an install writes a generation's snapshot file before `CURRENT`
+/// names it. So without `CURRENT`:
+/// - no generation: a new node if `new_node`, else a state machine that is gone;
+/// - generation 1 alone, without a snapshot file: a first open that crashed, or `CURRENT`
+///   lost before any snapshot; taken up again;
+/// - one generation alone with a snapshot file that reads back and matches its tree's
+///   applied state: the live one, whose `CURRENT` was lost; taken up with its snapshot;
+/// - anything else (several generations, or one that is not complete): it cannot be told
+///   which was live, so the open is refused and the directory left for an operator.
+fn open_without_current(root: &Path, cache_size: usize, new_node: bool) -> Result<Opened> {
+    let found = generations(root)?;
+    let generation = match found.as_slice() {
+        [] if new_node => 1,
+        [] => {
+            return Err(Error::inconsistent(
+                "state machine",
+                "sm/ holds no state machine, but the log holds entries: it was lost",
+            ))
+        }
+        [only] => *only,
+        _ => {
+            return Err(Error::inconsistent(
+                "sm/CURRENT",
+                "missing, and several generations exist: which was live cannot be told",
+            ))
+        }
+    };
+    let dir = generation_dir(root, generation);
+    let snapshot = read_snapshot(&dir)?.map(|(meta, _)| meta);
+    if generation != 1 && snapshot.is_none() {
+        return Err(Error::inconsistent(
+            "sm/CURRENT",
+            "missing, and the only generation has no snapshot: it may be half made",
+        ));
+    }
+    let tree = SmTree::open(root, generation, cache_size, generation == 1)?;
+    if let Some(meta) = &snapshot {
+        let (applied, membership) = tree.applied_state()?;
+        if applied < meta.last_log_id || membership.log_id() < meta.last_membership.log_id() {
+            return Err(Error::inconsistent(
+                "sm/CURRENT",
+                "missing, and the only generation's tree is behind its snapshot",
+            ));
+        }
+    }
+    clean(root, Some(generation))?;
+    remove_file_if_present(&tree.dir().join(format!("{SNAPSHOT}.tmp")))?;
+    sync_dir(tree.dir())?;
+    sync_dir(root)?;
+    write_current(root, generation)?;
     Ok(Opened { tree, snapshot })
 }
 

@@ -20,9 +20,13 @@
 //!
 //! **Snapshots.** Built by [`Tree::backup`](bfkv::Tree::backup) of the live tree into a
 //! scratch directory (writers go on meanwhile), whose applied state becomes the snapshot's
-//! metadata, then packed into bytes (`pack.rs`). Installed by unpacking into a new
-//! generation directory, opening it (which checks it) and switching `CURRENT` to it
-//! (`sm_dir.rs`). The current snapshot is kept in the live generation's `snapshot` file.
+//! metadata, then packed into bytes (`pack.rs`); the backup reads every leaf page it
+//! copies, so a live tree with a damaged page builds no snapshot and the damage does not
+//! travel to followers. Installed by unpacking into a new generation directory, opening
+//! it, checking its applied state against the metadata and reading every record of it
+//! (every page's and value's checksum), and only then switching `CURRENT` to it
+//! (`sm_dir.rs`); on any failure the new directory goes and the live generation stays.
+//! The current snapshot is kept in the live generation's `snapshot` file.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -95,9 +99,10 @@ pub struct SnapshotBuilder {
 }
 
 impl StateMachine {
-    /// Opens (or creates) the state-machine directory `root`.
-    pub(crate) fn open(root: &Path, cache_size: usize) -> Result<StateMachine> {
-        let opened = crate::sm_dir::open(root, cache_size)?;
+    /// Opens the state-machine directory `root`; creates it only for a `new_node` (see
+    /// `sm_dir::open`).
+    pub(crate) fn open(root: &Path, cache_size: usize, new_node: bool) -> Result<StateMachine> {
+        let opened = crate::sm_dir::open(root, cache_size, new_node)?;
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 root: root.to_path_buf(),
@@ -107,6 +112,17 @@ impl StateMachine {
                 scratch: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// The applied log id and the snapshot's last log id, for the checks at open.
+    pub(crate) fn at_open(&self) -> Result<crate::checks::Applied> {
+        let (applied, _) = self.shared.live().applied_state()?;
+        let snapshot = self
+            .shared
+            .lock_snapshot()
+            .as_ref()
+            .and_then(|m| m.last_log_id);
+        Ok(crate::checks::Applied { applied, snapshot })
     }
 
     /// A read handle on the data.
@@ -240,6 +256,7 @@ impl Shared {
                 "the applied state in its tree differs from its metadata",
             ));
         }
+        read_every_record(&tree.tree)?;
         write_snapshot(dir, meta, data)?;
         sync_dir(&self.root)?;
         Ok(tree)
@@ -290,6 +307,23 @@ fn copy_tree(live: &SmTree, scratch: &Path) -> Result<(Meta, Vec<u8>)> {
         snapshot_id,
     };
     Ok((meta, data))
+}
+
+/// Reads every record of every keyspace of `tree`, values included: every leaf page and
+/// every out-of-line value passes its checksum, or the first that does not is the error.
+/// An installed snapshot is read whole before it can replace the live generation, so a
+/// pack damaged before it was sealed (its checksum then vouches for the damage) is
+/// refused and the old generation kept.
+fn read_every_record(tree: &Tree) -> Result<()> {
+    for record in tree {
+        record?;
+    }
+    for name in tree.keyspaces()? {
+        for record in &tree.keyspace(&name)? {
+            record?;
+        }
+    }
+    Ok(())
 }
 
 /// Applies `entry` to `sm` as one batch.

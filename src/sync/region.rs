@@ -22,6 +22,13 @@ use super::{AtomicU64, Mutex, Ordering};
 /// Cursor flag: no more reservations (the region is being restarted).
 const SEALED: u64 = 1 << 63;
 
+/// A publish that moves `done` across a multiple of this many positions also stores it
+/// into the mapping's published word (`RingMap::published_word`), which outlives the
+/// process: recovery then knows, within this many bytes, which records were published
+/// (whose `append` returned) and must be whole. One store per 4 KiB of records, on a line
+/// of its own: nothing measurable beside the store into `done` every publish makes.
+const PUBLISHED_STEP_BITS: u32 = 12;
+
 /// How far past a new reservation `reserve` prefetches for writing. The ring's memory was
 /// last touched a lap ago, so each new cache line a writer stores into would otherwise miss
 /// all the way to memory, and the next atomic instruction (the leaf latch's release) waits
@@ -58,11 +65,11 @@ pub(crate) struct AppendRegion {
     ptr: *mut u8,
     /// Bytes in the ring: a power of two.
     capacity: u64,
-    /// Owns the memory `ptr` points into.
-    _map: RingMap,
+    /// Owns the memory `ptr` points into, and the published word.
+    map: RingMap,
 }
 
-// SAFETY: the raw pointer is into `_map`, which lives exactly as long as the region. Bytes
+// SAFETY: the raw pointer is into `map`, which lives exactly as long as the region. Bytes
 // are only reached through `reserve`, which hands each range to one caller (the cursor only
 // moves forward, by compare-and-swap, and never more than a capacity past the floor), and
 // through `drain`, which reads only published bytes no reservation can reach until the
@@ -88,6 +95,9 @@ impl AppendRegion {
     /// A region over `map` whose next free position is `start` (nothing is published, and
     /// nothing below `start` is waiting to be drained).
     pub(crate) fn new(map: RingMap, start: u64) -> AppendRegion {
+        if let Some(word) = map.published_word() {
+            word.store(start, std::sync::atomic::Ordering::Release);
+        }
         AppendRegion {
             counters: Counters {
                 cursor: AtomicU64::new(start),
@@ -98,7 +108,7 @@ impl AppendRegion {
             drain: Mutex::new(()),
             ptr: map.ptr(),
             capacity: map.capacity() as u64,
-            _map: map,
+            map,
         }
     }
 
@@ -161,9 +171,22 @@ impl AppendRegion {
             let published = &self.counters.published;
             published.store(published.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             done.store(end, Ordering::Release);
+            if (start ^ end) >> PUBLISHED_STEP_BITS != 0 {
+                self.mark_published(end);
+            }
             return true;
         }
         now >= end
+    }
+
+    /// Stores `end` into the mapping's published word: every record below it is
+    /// published. Publishers take turns in position order, so the word only grows.
+    fn mark_published(&self, end: u64) {
+        if let Some(word) = self.map.published_word() {
+            // Release: the records' bytes are stored before the word says so (after the
+            // process dies, everything it stored is in the page cache anyway).
+            word.store(end, std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// Slots published so far.
@@ -232,6 +255,7 @@ impl AppendRegion {
         }
         self.floor.store(pos, Ordering::Release);
         self.counters.done.store(pos, Ordering::Release);
+        self.mark_published(pos);
         self.counters.cursor.store(pos, Ordering::Release);
     }
 }

@@ -11,13 +11,17 @@ use std::io;
 #[cfg(target_os = "linux")]
 use std::os::unix::io::AsRawFd;
 
-/// `capacity` bytes of a file, mapped twice in a row, readable and writable, shared.
+/// `capacity` bytes of a file, mapped twice in a row, readable and writable, shared; and
+/// the page of the file just before them, where the ring keeps the word a crashed
+/// process's recovery reads ([`RingMap::published_word`]).
 #[derive(Debug)]
 pub(crate) struct RingMap {
     /// First byte of the first copy; the second copy starts `capacity` bytes later.
     ptr: *mut u8,
     /// Bytes in one copy: a power of two and a multiple of the page size.
     capacity: usize,
+    /// The mapped page before the ring's bytes (null when they start the file).
+    before: *mut u8,
 }
 
 // SAFETY: the mapping is plain shared memory; `RingMap` hands out no references itself,
@@ -80,9 +84,10 @@ impl RingMap {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ring = RingMap {
+        let mut ring = RingMap {
             ptr: base.cast(),
             capacity,
+            before: std::ptr::null_mut(),
         };
         for half in 0..2 {
             // SAFETY: `MAP_FIXED` replaces part of the reservation made above, which this
@@ -101,6 +106,25 @@ impl RingMap {
             if got == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
+        }
+        if offset >= page as libc::off_t {
+            // SAFETY: a new shared mapping of one page of `file` that exists (the ring's
+            // bytes follow it), at an address the kernel picks: it aliases nothing of this
+            // process. `ring`'s drop unmaps it.
+            let got = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    offset - page as libc::off_t,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            ring.before = got.cast();
         }
         // Map every page now rather than fault them in one by one in the first lap. Advice
         // only: without it the pages fault in on first use.
@@ -121,6 +145,24 @@ impl RingMap {
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
+
+    /// The 8 bytes of the file just before the ring's, as an atomic word (`None` when the
+    /// ring starts the file). A store there is in the page cache at once, like the ring's
+    /// bytes.
+    pub(crate) fn published_word(&self) -> Option<&std::sync::atomic::AtomicU64> {
+        if self.before.is_null() {
+            return None;
+        }
+        // SAFETY: `before` maps a whole page (at least 4 KiB), so its last 8 bytes are
+        // inside it and 8-aligned (the page is page-aligned); the mapping lives as long as
+        // `self`, which the reference borrows. Within this process those bytes are only
+        // reached through this atomic; another process reads them only after this one has
+        // let go of the ring (`wal::ring`).
+        unsafe {
+            let word = self.before.add(crate::sys::page_size() - 8).cast::<u64>();
+            Some(std::sync::atomic::AtomicU64::from_ptr(word))
+        }
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -130,6 +172,13 @@ impl Drop for RingMap {
         // value alone; nothing borrowed from it outlives `self`.
         unsafe {
             libc::munmap(self.ptr.cast(), self.capacity * 2);
+        }
+        if !self.before.is_null() {
+            // SAFETY: the page `new` mapped, owned by this value alone; the references
+            // `published_word` lent borrowed `self`, so none is left.
+            unsafe {
+                libc::munmap(self.before.cast(), page_size());
+            }
         }
     }
 }

@@ -298,16 +298,32 @@ pub(crate) fn encode_mark(first_lsn: Lsn, synced: Lsn) -> [u8; 12] {
 /// `first_lsn`, if any. A slot that fails its check (a torn mark write) is ignored: the
 /// mark only ever narrows what may be cut as a torn tail, so ignoring one errs towards
 /// the cut the log made before marks existed.
+#[cfg(all(test, not(shuttle)))]
 pub(crate) fn decode_mark(b: &[u8; HEADER_SIZE as usize], first_lsn: Lsn) -> Option<Lsn> {
-    MARK_SLOTS
-        .iter()
-        .filter_map(|&at| {
-            let at = at as usize;
-            let mark = &b[at..at + 12];
-            let synced = le_u64(&mark[..8]);
-            (mark == encode_mark(first_lsn, synced) && synced >= first_lsn).then_some(synced)
-        })
-        .max()
+    mark_slots(b, first_lsn).into_iter().flatten().max()
+}
+
+/// The valid mark of each slot in header bytes `b` (see [`decode_mark`]).
+pub(crate) fn mark_slots(b: &[u8; HEADER_SIZE as usize], first_lsn: Lsn) -> [Option<Lsn>; 2] {
+    MARK_SLOTS.map(|at| decode_mark_slot(&b[at as usize..at as usize + 12], first_lsn))
+}
+
+/// The mark in the 12 bytes `mark` (an [`encode_mark`] of the segment starting at
+/// `first_lsn`), if they hold a valid one.
+pub(crate) fn decode_mark_slot(mark: &[u8], first_lsn: Lsn) -> Option<Lsn> {
+    let synced = le_u64(mark.get(..8)?);
+    (mark == encode_mark(first_lsn, synced) && synced >= first_lsn).then_some(synced)
+}
+
+/// Where a segment header holds the boot tag of the run that created the segment or last
+/// opened it (`LogFs::boot`; 4 bytes, 0 for none). Outside the header's checksum, like the
+/// synced mark: open rewrites it.
+pub(crate) const BOOT_AT: usize = 60;
+
+/// The boot tag in header bytes `b`, if one is there.
+pub(crate) fn boot_tag(b: &[u8; HEADER_SIZE as usize]) -> Option<u32> {
+    let tag = u32::from_le_bytes([b[BOOT_AT], b[BOOT_AT + 1], b[BOOT_AT + 2], b[BOOT_AT + 3]]);
+    (tag != 0).then_some(tag)
 }
 
 impl SegmentHeader {
@@ -479,6 +495,59 @@ pub(crate) fn scan_records<R: Read>(
         scan.end_lsn += head_len + data_len;
         scan.records += 1;
     }
+}
+
+/// What the first bytes of a record say about it, before its checksum is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Operation byte.
+    pub(super) op: u8,
+    /// Key length.
+    pub(super) key_len: u64,
+    /// Bytes of checksum, operation and lengths.
+    pub(super) head_len: usize,
+    /// Bytes of the whole record.
+    pub(super) len: usize,
+}
+
+/// The shape of the record that would start at `b[0]`, if its first bytes are ones a
+/// writer could have written: a known operation, lengths that decode and agree with it (a
+/// remove has no value, a batch no key), and the whole record inside `b`.
+pub(super) fn shape(b: &[u8]) -> Option<Shape> {
+    let fixed = RECORD_FIXED as usize;
+    let op = *b.get(fixed - 1)?;
+    let (k, v, n) = get_lengths(b.get(fixed..)?)?;
+    let agrees = match op {
+        OP_INSERT | OP_MERGE => true,
+        OP_REMOVE => v == 0,
+        OP_BATCH => k == 0,
+        _ => false,
+    };
+    let head_len = fixed + n;
+    let len = head_len.checked_add(usize::try_from(k + v).ok()?)?;
+    (agrees && len <= b.len()).then_some(Shape {
+        op,
+        key_len: k,
+        head_len,
+        len,
+    })
+}
+
+/// Whether the record of shape `s` at the start of `b` passes its checksum at `lsn`, and a
+/// batch record's writes all decode.
+pub(super) fn verifies(b: &[u8], lsn: Lsn, s: &Shape) -> bool {
+    let Some((head, data)) = b
+        .get(..s.len)
+        .and_then(|r| r.split_at_checked(s.head_len))
+        .filter(|(head, _)| head.len() > 4)
+    else {
+        return false;
+    };
+    let crc = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    if crc != record_crc(lsn, &head[4..], data) {
+        return false;
+    }
+    s.op != OP_BATCH || batch_writes(data).all(|w| w.is_ok())
 }
 
 impl Scan {

@@ -22,11 +22,6 @@ const BUFFER_LIMIT: usize = 8 << 20;
 /// Spins on an unpublished earlier record before yielding the processor to its writer.
 const PUBLISH_SPINS: u32 = 64;
 
-/// A sync writes the active segment's synced mark when the log grew this much since the
-/// last mark (`segment::write_mark`): damage below the mark is reported at open, never
-/// cut as a torn tail, and a mark costs one small `pwrite` per this many bytes.
-pub(super) const MARK_EVERY: u64 = 1 << 20;
-
 /// Most yields a group-commit leader makes while more records keep arriving.
 const GATHER_YIELDS: u32 = 4;
 
@@ -83,10 +78,15 @@ pub(super) struct Shared {
     stop: AtomicBool,
     /// `fdatasync` calls.
     pub(super) syncs: AtomicU64,
-    /// The LSN of the last synced mark written (`MARK_EVERY`).
+    /// The LSN of the last synced mark written into the segment header
+    /// (`segment::MARK_EVERY`).
     marked: AtomicU64,
     /// Synced marks written: picks the header slot of the next one.
     pub(super) marks: AtomicU64,
+    /// The side file of synced marks (`segment::SIDE_FILE`), written at every sync.
+    pub(super) side: Arc<dyn super::vfs::LogFile>,
+    /// Marks written to the side file: picks its slot for the next one.
+    pub(super) side_marks: AtomicU64,
 }
 
 /// Group-commit state.
@@ -194,7 +194,9 @@ impl Wal {
             stop: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             marked: AtomicU64::new(end),
-            marks: AtomicU64::new(0),
+            marks: AtomicU64::new(rec.marks),
+            side: rec.side,
+            side_marks: AtomicU64::new(rec.side_marks),
             config,
         });
         if let Some(left) = left {

@@ -12,7 +12,7 @@
 //! acknowledged after the cut), and, if `torn`, the first half of a cut write reaches the
 //! medium. A linked `FaultStore` is powered off at the same moment, and a cut that starts in
 //! the linked store powers this file system off too. [`crash_image`](MemFs::crash_image)
-//! is what a reboot finds. [`fail_at`](MemFs::fail_at)`(n)` makes one call fail with the
+//! is what a reboot finds (on a new boot, [`LogFs::boot`]). [`fail_at`](MemFs::fail_at)`(n)` makes one call fail with the
 //! power left on (a full disk, a failed `fdatasync`).
 
 use std::collections::HashMap;
@@ -52,7 +52,7 @@ struct State {
 }
 
 /// An in-memory file system with a volatile cache and power cuts (module docs).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct MemFs {
     /// Shared with the open files.
     inner: Arc<Inner>,
@@ -65,6 +65,16 @@ struct Inner {
     state: Mutex<State>,
     /// The data-page store that loses power with this file system.
     linked: Mutex<Option<Arc<FaultStore>>>,
+    /// This boot's tag (`LogFs::boot`): each file system and each crash image has its own.
+    boot: u32,
+}
+
+/// A tag for a new boot: every `MemFs` and crash image gets another one.
+fn next_boot() -> u32 {
+    static BOOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    BOOTS
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .max(1)
 }
 
 /// An open file of a [`MemFs`].
@@ -120,10 +130,21 @@ impl Inner {
     }
 }
 
+impl Default for MemFs {
+    fn default() -> MemFs {
+        MemFs::new()
+    }
+}
+
 impl MemFs {
     /// An empty file system.
     pub(crate) fn new() -> MemFs {
-        MemFs::default()
+        MemFs {
+            inner: Arc::new(Inner {
+                boot: next_boot(),
+                ..Inner::default()
+            }),
+        }
     }
 
     /// Powers `store` off with this file system (and this one off with it).
@@ -177,6 +198,7 @@ impl MemFs {
             inner: Arc::new(Inner {
                 state: Mutex::new(image),
                 linked: Mutex::new(None),
+                boot: next_boot(),
             }),
         }
     }
@@ -261,6 +283,10 @@ impl LogFile for MemFile {
 }
 
 impl LogFs for MemFs {
+    fn boot(&self) -> Option<u32> {
+        Some(self.inner.boot)
+    }
+
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         Ok(())
     }

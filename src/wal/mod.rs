@@ -49,7 +49,11 @@
 //! | 32 | 4 | crc32c of bytes 0..32 |
 //! | 36 | 12 | synced mark slot 0: an LSN below which the records were synced (8 bytes) and a crc32c of the first LSN and that LSN (4); zeros for none |
 //! | 48 | 12 | synced mark slot 1, the same; marks go to the slots in turn, and the higher valid one counts, so a torn mark write loses only itself |
-//! | 60 | 4 | zero |
+//! | 60 | 4 | boot tag of the run that created the segment or last opened it (`LogFs::boot`; 0 for none) |
+//!
+//! Beside the segments, the file `synced` holds the active segment's synced end as of the
+//! last sync: two 12-byte slots at offsets 0 and 16, each a mark as in the header (which
+//! names its segment through the first LSN its checksum covers), written in turn.
 //!
 //! Records follow from offset 64, back to back, never across segments:
 //!
@@ -69,16 +73,31 @@
 //!
 //! A record advances the LSN by the bytes it takes. The log ends at the first
 //! position holding zeros (preallocated space), the end of the file, too little room for a
-//! record, or bytes that fail any check above (a torn tail). Open cuts the last segment
-//! there durably; every segment is synced before the next one is created, so damage before
-//! the last segment is `Error::Corruption`, never silently cut. Within the last segment the
-//! synced mark tells the two apart: a sync rewrites it (in place, carried by the next sync)
-//! whenever the log grew 1 MiB since the last mark, and a clean close writes and syncs it at
-//! the log's end. A log that ends below its mark lost synced records: that is
-//! `Error::Corruption` with the file and the byte offset, never a cut. Only damage to the
-//! records synced since the last mark (at most about 1 MiB, and only after a crash) still
-//! reads as a torn tail.
+//! record, or bytes that fail any check above. Every segment is synced before the next one
+//! is created, so damage before the last segment is `Error::Corruption`, never cut. In the
+//! last segment, open tells a torn tail (cut there, durably) from damage (`Corruption` with
+//! the file and the byte offset of the record that failed):
+//! - **Below the synced mark** a record that fails is damage: its records were synced. Every
+//!   sync writes the mark into the side file `synced` (one `pwrite`, never synced itself:
+//!   within a boot the page cache holds it, so after a crash of the process the mark covers
+//!   every record a `Sync` commit acknowledged), and every 1 MiB of log into the segment
+//!   header, where the next sync makes it durable with the records; a mark is only ever
+//!   written after its sync, so any mark found is true, after a power cut too. A clean close
+//!   and every open mark the log's end and sync it. Writing the header at every sync would
+//!   add a page to every `fdatasync` (4-12 % on each sync here).
+//! - **Past the mark**, records that verify after the failed one prove damage when the
+//!   segment was written on this boot (its header's boot tag): a record's LSN is folded into
+//!   its checksum, so one that verifies was written there, and within a boot a crash leaves
+//!   only a prefix of its last write, never written bytes after a torn record. What counts
+//!   as proof, and why a torn tail almost never shows one (below 2^-18 for a 1 MiB torn
+//!   record), is in `damage`. Across a restart unsynced pages may have reached the disk in
+//!   any order, so past the mark the first failure is cut.
+//! - A damaged last record, with nothing after it that could verify, reads as a torn tail
+//!   unless a mark covers it.
+//!
+//! The `Buffered` staging ring tells the two apart by what was published (`ring`).
 
+mod damage;
 mod format;
 #[cfg(any(all(test, not(shuttle)), fuzzing, bfkv_internals))]
 mod fuzz;
@@ -96,11 +115,14 @@ mod shuttle_tests;
 mod tests;
 #[cfg(all(test, not(shuttle)))]
 mod tests_crash;
+#[cfg(all(test, not(shuttle)))]
+mod tests_tail;
 
 pub(crate) use format::{batch_write_len, batch_writes, encode_batch_write, BatchValue};
 #[cfg(any(fuzzing, bfkv_internals))]
 pub(crate) use fuzz::decode_check;
 pub(crate) use log::Wal;
+pub(crate) use segment::clear_boot_tag;
 
 /// A log sequence number: the logical byte offset of a record in the log.
 pub(crate) type Lsn = u64;

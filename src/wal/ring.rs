@@ -26,6 +26,7 @@
 //! | 40 | 8 | published mark: a hash of the boot id of the machine that wrote it |
 //! | 48 | 8 | published mark: every record below this LSN was published |
 //! | 56 | 4 | crc32c of bytes 40..56 (zeros: no mark) |
+//! | `data_offset - 8` | 8 | published word: an LSN below which every record was published, in the machine's byte order, stored through the mapping (`sync::region`) |
 //!
 //! The ring's bytes hold records in the log's own format (`format`): position `p` is byte
 //! `p mod capacity`, and each record's checksum covers its LSN, so a record left from an
@@ -43,12 +44,18 @@
 //! `staging` file with a bad header is damage (`Err(Corruption)`), never a half-made file.
 //! A clean close drains and syncs the ring, then removes the file.
 //!
-//! Damage is told from a torn tail by the published mark, which the flusher rewrites on
-//! each tick (one `pwrite` per tick). Without a restart of the machine, a crashed
-//! process's ring is exactly as it left it: every record below the mark decodes, and one
-//! that does not is `Err(Corruption)` at its offset. After a restart (the boot id differs)
-//! the page cache may have reached the file in any order, so the records are read up to the
-//! first that fails, as for a log tail: `Buffered` never promised them across a power cut.
+//! Damage is told from a torn tail by what was published: the published mark, which the
+//! ring's creation writes (with this boot's hash) and the flusher rewrites on each tick
+//! (one `pwrite` per tick), and the published word, which a publish stores into the
+//! mapping whenever `done` crosses a 4 KiB multiple (no system call). Without a restart
+//! of the machine, a crashed process's ring is exactly as it left it: every record below
+//! the later of the two decodes, and one that does not is `Err(Corruption)` at its offset.
+//! Past them, within 4 KiB of published records, a record that fails its check is cut
+//! like a torn tail, and records that verify after it prove nothing here: a writer killed
+//! while it filled its slot leaves one, and later writers' whole records (which wait to
+//! publish behind it) follow it. After a restart (the boot id differs) the page cache may
+//! have reached the file in any order, so the records are read up to the first that fails,
+//! as for a log tail: `Buffered` never promised them across a power cut.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -93,17 +100,10 @@ pub(super) struct StagingRing {
     marked: AtomicU64,
 }
 
-/// A hash of this boot's id (`/proc/sys/kernel/random/boot_id`), or `None` where there is
-/// none: then no mark is trusted to tell damage from a torn tail.
+/// A hash of this boot's id, or `None` where there is none: then no mark is trusted to
+/// tell damage from a torn tail.
 fn boot() -> Option<u64> {
-    static BOOT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *BOOT.get_or_init(|| {
-        let id = fs::read("/proc/sys/kernel/random/boot_id").ok()?;
-        let id = id.trim_ascii();
-        (!id.is_empty()).then(|| {
-            u64::from(checksum::crc32c(id)) << 32 | u64::from(checksum::crc32c(&id[id.len() / 2..]))
-        })
-    })
+    sys::boot_id()
 }
 
 /// The published-mark bytes: `boot`, `lsn`, their checksum.
@@ -207,12 +207,18 @@ impl StagingRing {
         let Ok(map) = RingMap::new(&file, header.data_offset, len) else {
             return Ok(None);
         };
-        Ok(Some(StagingRing {
+        let ring = StagingRing {
             region: AppendRegion::new(map, start),
             path,
             file,
             marked: AtomicU64::new(start),
-        }))
+        };
+        // Tags the ring with this boot at once, so that its published word is trusted
+        // after a crash before the first tick. Best effort, as every mark.
+        if let Some(boot) = boot() {
+            let _ = sys::write_all_at(&ring.file, &encode_mark(boot, start), MARK_AT);
+        }
+        Ok(Some(ring))
     }
 
     /// Records that every record below `lsn` is published (the flusher calls it each
@@ -247,8 +253,9 @@ fn reuse(path: &Path, header: RingHeader) -> std::io::Result<Option<File>> {
         return Ok(None);
     }
     sys::zero_range(&file, header.data_offset, header.capacity)?;
-    // The old run's mark goes with its records.
+    // The old run's mark and published word go with its records.
     sys::write_all_at(&file, &[0u8; 20], MARK_AT)?;
+    sys::write_all_at(&file, &[0u8; 8], header.data_offset - 8)?;
     file.sync_data()?;
     Ok(Some(file))
 }
@@ -340,9 +347,13 @@ fn leftover_on(dir: &Path, end: Lsn, boot: Option<u64>) -> Result<Leftover> {
         first_lsn: end,
     };
     let scan = format::scan_records(&mut &data[..], &header, &path, |_, _| Ok(()))?;
+    let mut word = [0u8; 8];
+    sys::read_exact_at(&file, &mut word, h.data_offset - 8).map_err(|e| Error::io(&path, e))?;
     if let Some((marked_boot, marked)) = decode_mark(&hb) {
         // The same boot: the page cache still holds every byte the crashed process wrote,
-        // so a record below the mark that does not decode is damage, not a torn tail.
+        // so a record below what was published that does not decode is damage, not a
+        // torn tail.
+        let marked = marked.max(u64::from_ne_bytes(word));
         if Some(marked_boot) == boot && scan.end_lsn < marked && marked - end <= h.capacity {
             return Err(Error::corruption_at(
                 &path,
@@ -356,186 +367,5 @@ fn leftover_on(dir: &Path, end: Lsn, boot: Option<u64>) -> Result<Leftover> {
 }
 
 #[cfg(all(test, not(shuttle), target_os = "linux"))]
-mod tests {
-    use super::*;
-    use crate::wal::LogOp;
-
-    fn put(ring: &StagingRing, key: &[u8], value: &[u8]) -> Lsn {
-        let op = LogOp::Insert { key, value };
-        let slot = ring.region.reserve(format::record_len(&op)).expect("room");
-        let lsn = slot.start;
-        format::encode_record_into(slot.bytes, lsn, &op);
-        assert!(ring.region.publish(slot.start, slot.end));
-        lsn
-    }
-
-    fn ring(dir: &Path, capacity: u64, start: Lsn) -> StagingRing {
-        StagingRing::create(dir, capacity, start)
-            .expect("create")
-            .expect("a ring on this file system")
-    }
-
-    #[test]
-    fn a_ring_left_behind_gives_back_its_records_past_the_segments_end() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let r = ring(dir.path(), 4096, 10_000);
-        // Wrap around the ring twice: only the last lap is there to read.
-        let mut lsns = Vec::new();
-        for i in 0..400u32 {
-            lsns.push(put(&r, b"key", &i.to_le_bytes()));
-            r.region
-                .drain(|_, b| Ok::<_, ()>(b.len().saturating_sub(100)))
-                .expect("drain");
-        }
-        let end = lsns[390];
-        let left = leftover(dir.path(), end).expect("read");
-        let mut expect = Vec::new();
-        for (i, &lsn) in lsns.iter().enumerate().skip(390) {
-            let value = (i as u32).to_le_bytes();
-            let op = LogOp::Insert {
-                key: b"key",
-                value: &value,
-            };
-            format::encode_record(&mut expect, lsn, &op);
-        }
-        assert_eq!(left.records, expect);
-        // Nothing outside the directory, and the file is the owner's alone.
-        let meta = fs::metadata(dir.path().join(FILE)).expect("ring file");
-        assert_eq!(
-            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
-            0o600
-        );
-        drop(r);
-        // The next run zeroes the ring: its records are not read again, even at their LSNs.
-        let next = ring(dir.path(), 4096, end);
-        assert!(leftover(dir.path(), end).expect("read").records.is_empty());
-        next.remove();
-        assert!(!dir.path().join(FILE).exists());
-        assert!(leftover(dir.path(), end).expect("read").records.is_empty());
-    }
-
-    #[test]
-    fn damage_below_the_published_mark_is_reported_on_the_same_boot_only() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let r = ring(dir.path(), 1 << 16, 500);
-        let lsns: Vec<Lsn> = (0..20u32)
-            .map(|i| put(&r, b"key", &[i as u8; 40]))
-            .collect();
-        r.mark(r.region.done());
-        // Two records published after the mark: past it, damage reads as a torn tail.
-        put(&r, b"late", b"1");
-        put(&r, b"late", b"2");
-        let this = boot().expect("a boot id on Linux");
-        drop(r);
-        let path = dir.path().join(FILE);
-        let data_offset = (sys::page_size() as u64).max(HEADER_LEN as u64);
-        let pristine = fs::read(&path).expect("ring file");
-        let flip = |lsn: Lsn| {
-            let mut bytes = pristine.clone();
-            bytes[(data_offset + lsn % (1 << 16)) as usize + 9] ^= 0x20;
-            fs::write(&path, &bytes).expect("write");
-        };
-        let whole = leftover_on(dir.path(), 500, Some(this)).expect("undamaged");
-        flip(lsns[10]);
-        match leftover_on(dir.path(), 500, Some(this)) {
-            Err(Error::Corruption { offset, .. }) => {
-                assert_eq!(offset, Some(data_offset + lsns[10] % (1 << 16)));
-            }
-            other => panic!("damage below the mark: {other:?}"),
-        }
-        // After a restart of the machine, it is cut like a tail.
-        let cut = leftover_on(dir.path(), 500, Some(this ^ 1)).expect("another boot");
-        assert_eq!(cut.records.len() as u64, lsns[10] - 500);
-        assert_eq!(cut.records[..], whole.records[..cut.records.len()]);
-        // Past the mark, too: the last record may not have been published.
-        // The last record, `late`/`2`, takes 12 bytes.
-        let last = whole.records.len() - 12;
-        flip(500 + last as u64);
-        let cut = leftover_on(dir.path(), 500, Some(this)).expect("past the mark");
-        assert_eq!(cut.records[..], whole.records[..last]);
-        // The next run's zeroing clears the mark with the records.
-        fs::write(&path, &pristine).expect("restore");
-        let next = ring(dir.path(), 1 << 16, 2000);
-        drop(next);
-        let mut hb = [0u8; HEADER_LEN];
-        hb.copy_from_slice(&fs::read(&path).expect("ring file")[..HEADER_LEN]);
-        assert_eq!(decode_mark(&hb), None);
-    }
-
-    #[test]
-    fn a_ring_of_another_capacity_is_replaced_and_capacity_zero_removes_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let r = ring(dir.path(), 4096, 0);
-        put(&r, b"k", b"v");
-        drop(r);
-        let r = ring(dir.path(), 8192, 0);
-        assert_eq!(r.region.capacity(), 8192);
-        assert!(leftover(dir.path(), 0).expect("read").records.is_empty());
-        drop(r);
-        assert!(StagingRing::create(dir.path(), 0, 0)
-            .expect("none")
-            .is_none());
-        assert!(!dir.path().join(FILE).exists());
-    }
-
-    #[test]
-    fn damaged_planted_or_old_rings_are_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(FILE);
-        let r = ring(dir.path(), 4096, 0);
-        put(&r, b"k", b"v");
-        // A damaged header: damage, not an empty ring.
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("open");
-        sys::write_all_at(&f, &[0xee], 20).expect("damage");
-        assert!(matches!(
-            leftover(dir.path(), 0),
-            Err(Error::Corruption { .. })
-        ));
-        drop(r);
-        // Writable by others, a link, a FIFO: refused at once, never read.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).expect("chmod");
-        assert!(matches!(leftover(dir.path(), 0), Err(Error::Io { .. })));
-        fs::remove_file(&path).expect("rm");
-        let elsewhere = tempfile::tempdir().expect("tempdir");
-        let target = elsewhere.path().join("planted");
-        fs::write(&target, [0u8; 8192]).expect("plant");
-        std::os::unix::fs::symlink(&target, &path).expect("symlink");
-        assert!(matches!(leftover(dir.path(), 0), Err(Error::Io { .. })));
-        fs::remove_file(&path).expect("rm");
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-        // SAFETY: mkfifo reads the NUL-terminated path only.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        assert!(matches!(leftover(dir.path(), 0), Err(Error::Io { .. })));
-        fs::remove_file(&path).expect("rm");
-        // A name file of bfkv 0.1: its ring may hold writes, so open refuses to go on.
-        fs::write(dir.path().join(OLD_NAME_FILE), b"/dev/shm/bfkv-ring-0").expect("old");
-        assert!(matches!(
-            leftover(dir.path(), 0),
-            Err(Error::Corruption { .. })
-        ));
-    }
-
-    #[test]
-    fn header_round_trips_and_rejects_damage() {
-        let h = RingHeader {
-            capacity: 1 << 20,
-            data_offset: 4096,
-        };
-        let b = h.encode();
-        assert_eq!(RingHeader::decode(&b), Some(h));
-        for i in 0..36 {
-            let mut d = b;
-            d[i] ^= 1;
-            assert_eq!(RingHeader::decode(&d), None, "byte {i}");
-        }
-        let huge = RingHeader {
-            capacity: MAX_CAPACITY * 2,
-            ..h
-        };
-        assert_eq!(RingHeader::decode(&huge.encode()), None);
-    }
-}
+#[path = "ring_tests.rs"]
+mod tests;

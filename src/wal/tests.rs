@@ -1,8 +1,7 @@
-//! Log tests on real files: round trips across segments, reopen, torn tails, damage before
-//! the tail, release, the background flusher and group commit.
+//! Log tests on real files: round trips across segments, reopen, release, the background
+//! flusher and group commit (torn tails and damage: `tests_tail.rs`).
 
-use crate::sys::FileAt;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,9 +14,9 @@ use super::{LogOp, Lsn, Wal, WalConfig};
 use crate::{Durability, Error};
 
 /// An owned record as the tests write and read them: key, `Some(value)` for an insert.
-type Rec = (Vec<u8>, Option<Vec<u8>>);
+pub(super) type Rec = (Vec<u8>, Option<Vec<u8>>);
 
-fn config(segment_size: u64, durability: Durability) -> WalConfig {
+pub(super) fn config(segment_size: u64, durability: Durability) -> WalConfig {
     WalConfig {
         segment_size,
         durability,
@@ -27,7 +26,7 @@ fn config(segment_size: u64, durability: Durability) -> WalConfig {
     }
 }
 
-fn random_records(seed: u64, n: usize, max_value: usize) -> Vec<Rec> {
+pub(super) fn random_records(seed: u64, n: usize, max_value: usize) -> Vec<Rec> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..n)
         .map(|i| {
@@ -43,7 +42,7 @@ fn random_records(seed: u64, n: usize, max_value: usize) -> Vec<Rec> {
         .collect()
 }
 
-fn op(r: &Rec) -> LogOp<'_> {
+pub(super) fn op(r: &Rec) -> LogOp<'_> {
     match &r.1 {
         Some(v) => LogOp::Insert {
             key: &r.0,
@@ -54,7 +53,7 @@ fn op(r: &Rec) -> LogOp<'_> {
 }
 
 /// Appends and commits each record; returns their LSNs.
-fn write_all(wal: &Wal, recs: &[Rec]) -> Vec<Lsn> {
+pub(super) fn write_all(wal: &Wal, recs: &[Rec]) -> Vec<Lsn> {
     recs.iter()
         .map(|r| {
             let appended = wal.append(op(r)).expect("append");
@@ -69,7 +68,7 @@ fn write_all(wal: &Wal, recs: &[Rec]) -> Vec<Lsn> {
         .collect()
 }
 
-fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
+pub(super) fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
     let mut out = Vec::new();
     wal.replay(from, |lsn, op| {
         out.push(match op {
@@ -85,14 +84,14 @@ fn replay_all(wal: &Wal, from: Lsn) -> Vec<(Lsn, Rec)> {
     out
 }
 
-fn expect_replay(wal: &Wal, from: Lsn, lsns: &[Lsn], recs: &[Rec]) {
+pub(super) fn expect_replay(wal: &Wal, from: Lsn, lsns: &[Lsn], recs: &[Rec]) {
     let got = replay_all(wal, from);
     let want: Vec<(Lsn, Rec)> = lsns.iter().copied().zip(recs.iter().cloned()).collect();
     assert_eq!(got.len(), want.len(), "record count");
     assert!(got == want, "replayed records differ from the written ones");
 }
 
-fn segment_paths(dir: &Path) -> Vec<PathBuf> {
+pub(super) fn segment_paths(dir: &Path) -> Vec<PathBuf> {
     list_segments(&super::vfs::StdFs, dir)
         .expect("list")
         .into_iter()
@@ -142,249 +141,6 @@ fn reopen_continues_after_the_last_record() {
     }
     let wal = Wal::open(dir.path(), config(16384, Durability::Sync)).expect("open");
     expect_replay(&wal, 0, &lsns, &recs);
-}
-
-/// Writes `n` records into one big segment and returns the log's records, LSNs and file,
-/// as a crash leaves them (no close: the synced mark has not reached the records).
-fn one_segment_log(dir: &Path, n: usize) -> (Vec<Rec>, Vec<Lsn>, PathBuf) {
-    let recs = random_records(3, n, 50);
-    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("open");
-    let lsns = write_all(&wal, &recs);
-    std::mem::forget(wal);
-    let paths = segment_paths(dir);
-    assert_eq!(paths.len(), 1);
-    (recs, lsns, paths[0].clone())
-}
-
-/// Reopens a damaged log and checks that it holds exactly `keep` of the records, continues
-/// right after them, and stays correct after more appends and another reopen.
-fn check_cut(dir: &Path, recs: &[Rec], lsns: &[Lsn], keep: usize) {
-    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("open damaged");
-    let end = lsns[keep - 1] + format::record_len(&op(&recs[keep - 1]));
-    assert_eq!(
-        wal.next_lsn(),
-        end,
-        "positioned after the last valid record"
-    );
-    expect_replay(&wal, 0, &lsns[..keep], &recs[..keep]);
-    let more = random_records(4, 20, 50);
-    let more_lsns = write_all(&wal, &more);
-    assert_eq!(more_lsns[0], end);
-    drop(wal);
-    let wal = Wal::open(dir, config(1 << 20, Durability::Sync)).expect("reopen");
-    let all_lsns: Vec<Lsn> = lsns[..keep].iter().chain(&more_lsns).copied().collect();
-    let all: Vec<Rec> = recs[..keep].iter().chain(&more).cloned().collect();
-    expect_replay(&wal, 0, &all_lsns, &all);
-}
-
-fn file_offset(lsn: Lsn) -> u64 {
-    HEADER_SIZE + lsn
-}
-
-#[test]
-fn torn_tail_truncated_mid_record_is_cut() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open file");
-    f.set_len(file_offset(lsns[49]) + 11).expect("truncate");
-    drop(f);
-    check_cut(dir.path(), &recs, &lsns, 49);
-}
-
-#[test]
-fn garbage_after_the_last_record_is_cut() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
-    let end = lsns[49] + format::record_len(&op(&recs[49]));
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open file");
-    let garbage: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
-    // Garbage right after the end, and further on (after zeros) where a reader that skipped
-    // zeros would find it.
-    f.write_all_at(&garbage, file_offset(end)).expect("garbage");
-    drop(f);
-    check_cut(dir.path(), &recs, &lsns, 50);
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
-    let end = lsns[49] + format::record_len(&op(&recs[49]));
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open file");
-    f.write_all_at(&garbage, file_offset(end) + 100)
-        .expect("garbage");
-    drop(f);
-    check_cut(dir.path(), &recs, &lsns, 50);
-}
-
-#[test]
-fn flipped_byte_in_the_last_record_is_cut() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
-    let len = format::record_len(&op(&recs[49]));
-    for at in [0, 5, 9, len / 2, len - 1] {
-        let dir2 = tempfile::tempdir().expect("tempdir");
-        let copy = dir2.path().join(path.file_name().expect("name"));
-        fs::copy(&path, &copy).expect("copy");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&copy)
-            .expect("open");
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, file_offset(lsns[49]) + at)
-            .expect("read");
-        f.write_all_at(&[b[0] ^ 0x10], file_offset(lsns[49]) + at)
-            .expect("flip");
-        drop(f);
-        check_cut(dir2.path(), &recs, &lsns, 49);
-    }
-}
-
-#[test]
-fn stale_records_after_a_cut_never_come_back() {
-    // Record 48 torn but 49 intact (out-of-order write-back before a power cut): the cut
-    // must erase 49 so that new records of the same sizes cannot make it valid again.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (recs, lsns, path) = one_segment_log(dir.path(), 50);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open file");
-    f.write_all_at(&[0xff], file_offset(lsns[48]) + 20)
-        .expect("flip");
-    drop(f);
-    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Sync)).expect("open");
-    // Re-log record 48 unchanged: same size, so the old record 49 would line up.
-    let again = write_all(&wal, &recs[48..49]);
-    assert_eq!(again[0], lsns[48]);
-    drop(wal);
-    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Sync)).expect("reopen");
-    expect_replay(&wal, 0, &lsns[..49], &recs[..49]);
-}
-
-/// Flips one byte of `path` at `offset`.
-fn flip(path: &Path, offset: u64) {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .expect("open");
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).expect("read");
-    f.write_all_at(&[b[0] ^ 0x01], offset).expect("flip");
-}
-
-#[test]
-fn damage_in_the_middle_of_the_last_segment_is_reported_not_cut() {
-    // After a clean close: every record is below the synced mark.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let recs = random_records(21, 400, 50);
-    let wal = Wal::open(dir.path(), config(1 << 20, Durability::Buffered)).expect("open");
-    let lsns = write_all(&wal, &recs);
-    drop(wal);
-    let path = segment_paths(dir.path()).pop().expect("a segment");
-    for victim in [0, 1, 200, 398, 399] {
-        let copy = tempfile::tempdir().expect("tempdir");
-        fs::copy(&path, copy.path().join(path.file_name().expect("name"))).expect("copy");
-        let seg = copy.path().join(path.file_name().expect("name"));
-        flip(&seg, file_offset(lsns[victim]) + 6);
-        match Wal::open(copy.path(), config(1 << 20, Durability::Sync)) {
-            Err(Error::Corruption { file, offset, .. }) => {
-                assert_eq!(file, seg);
-                assert_eq!(offset, Some(file_offset(lsns[victim])), "record {victim}");
-            }
-            other => panic!("record {victim} damaged: {other:?}"),
-        }
-    }
-    // After a crash, with more than a mark's worth synced: damage below the mark is
-    // reported too; the records synced since the last mark may still be cut as a tail.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let recs = random_records(22, 3000, 900);
-    let wal = Wal::open(dir.path(), config(8 << 20, Durability::Sync)).expect("open");
-    let lsns = write_all(&wal, &recs);
-    std::mem::forget(wal);
-    assert!(lsns[2999] > super::log::MARK_EVERY, "the log passed a mark");
-    let path = segment_paths(dir.path()).pop().expect("a segment");
-    flip(&path, file_offset(lsns[10]) + 6);
-    assert!(matches!(
-        Wal::open(dir.path(), config(8 << 20, Durability::Sync)),
-        Err(Error::Corruption {
-            offset: Some(_),
-            ..
-        })
-    ));
-}
-
-#[test]
-fn damage_before_the_tail_is_corruption() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let recs = random_records(5, 400, 100);
-    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
-    write_all(&wal, &recs);
-    drop(wal);
-    let paths = segment_paths(dir.path());
-    assert!(paths.len() > 3);
-    // A flipped byte in a record of the second segment.
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&paths[1])
-        .expect("open");
-    f.write_all_at(&[0xee], HEADER_SIZE + 30).expect("flip");
-    drop(f);
-    match Wal::open(dir.path(), config(4096, Durability::Sync)) {
-        Err(Error::Corruption { file, .. }) => assert_eq!(file, paths[1]),
-        other => panic!("expected corruption, got {other:?}"),
-    }
-    // A damaged header of a middle segment.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
-    write_all(&wal, &recs);
-    drop(wal);
-    let paths = segment_paths(dir.path());
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&paths[2])
-        .expect("open");
-    f.write_all_at(&[0xee], 20).expect("flip");
-    drop(f);
-    match Wal::open(dir.path(), config(4096, Durability::Sync)) {
-        Err(Error::Corruption { file, .. }) => assert_eq!(file, paths[2]),
-        other => panic!("expected corruption, got {other:?}"),
-    }
-}
-
-#[test]
-fn damaged_header_of_the_last_segment() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let recs = random_records(6, 400, 100);
-    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
-    let lsns = write_all(&wal, &recs);
-    let end = wal.next_lsn();
-    drop(wal);
-    // A crash while creating a segment: a file whose header never reached the disk.
-    let empty = dir.path().join(super::segment::segment_name(end));
-    fs::write(&empty, [0u8; 100]).expect("write");
-    let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
-    assert!(!empty.exists(), "the half-created segment is removed");
-    assert_eq!(wal.next_lsn(), end);
-    expect_replay(&wal, 0, &lsns, &recs);
-    drop(wal);
-    // A last segment with a damaged header but records in it is not a half-created one.
-    let last = segment_paths(dir.path()).pop().expect("segments");
-    let f = OpenOptions::new().write(true).open(&last).expect("open");
-    f.write_all_at(&[0xee], 3).expect("flip");
-    drop(f);
-    assert!(matches!(
-        Wal::open(dir.path(), config(4096, Durability::Sync)),
-        Err(Error::Corruption { .. })
-    ));
 }
 
 #[test]
@@ -639,7 +395,7 @@ fn fuzz_check_accepts_sample_inputs() {
     }
     // Raw mode with a valid segment built by the writer.
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, _, path) = one_segment_log(dir.path(), 30);
+    let (_, _, path) = super::tests_tail::one_segment_log(dir.path(), 30);
     let mut data = vec![0u8];
     data.extend(fs::read(&path).expect("read"));
     super::fuzz::decode_check(&data);
@@ -649,7 +405,7 @@ fn fuzz_check_accepts_sample_inputs() {
 
 /// The staging ring file of the log in `dir`, if there is one.
 #[cfg(target_os = "linux")]
-fn ring_file(dir: &Path) -> Option<PathBuf> {
+pub(super) fn ring_file(dir: &Path) -> Option<PathBuf> {
     let path = dir.join(super::ring::FILE);
     path.exists().then_some(path)
 }
@@ -692,24 +448,4 @@ fn buffered_records_are_staged_in_the_ring_and_survive_a_lost_process() {
     let wal = Wal::open(dir.path(), config(4096, Durability::Sync)).expect("open");
     write_all(&wal, &recs[..10]);
     assert!(ring_file(dir.path()).is_none(), "a Sync log has a ring");
-}
-
-#[test]
-fn a_torn_synced_mark_loses_only_itself() {
-    let first = 4096;
-    let mut b = [0u8; HEADER_SIZE as usize];
-    assert_eq!(format::decode_mark(&b, first), None);
-    let put = |b: &mut [u8; HEADER_SIZE as usize], slot: usize, synced| {
-        let at = format::MARK_SLOTS[slot] as usize;
-        b[at..at + 12].copy_from_slice(&format::encode_mark(first, synced));
-    };
-    put(&mut b, 0, first + 1000);
-    put(&mut b, 1, first + 2000);
-    assert_eq!(format::decode_mark(&b, first), Some(first + 2000));
-    // The newer slot torn half way: the older mark still holds.
-    let at = format::MARK_SLOTS[1] as usize;
-    b[at + 6..at + 12].fill(0);
-    assert_eq!(format::decode_mark(&b, first), Some(first + 1000));
-    // A mark copied from another segment (another first LSN) does not count.
-    assert_eq!(format::decode_mark(&b, first + 1), None);
 }

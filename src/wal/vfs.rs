@@ -9,9 +9,11 @@
 //!
 //! Errors are plain `io::Error`s: callers add the path, as they did with `std::fs`.
 //!
-//! One capability is optional: [`LogFs::stages_in_memory`], whether a `Buffered` log may
+//! Two capabilities are optional: [`LogFs::stages_in_memory`], whether a `Buffered` log may
 //! stage its records in a ring of memory mapped from a file (`wal::ring`), which bypasses
-//! the file layer. `MemFs` says no: its power cuts must see every record as a call.
+//! the file layer (`MemFs` says no: its power cuts must see every record as a call); and
+//! [`LogFs::boot`], which boot of the machine this is (`MemFs` starts a new one with every
+//! crash image).
 //!
 //! [`StdFs`] creates directories 0700 and files 0600, and refuses to open an existing file
 //! that is not a regular file of this user or that others may write (`sys::open_trusted`).
@@ -60,6 +62,13 @@ pub(crate) trait LogFs: Send + Sync + Debug {
     /// (module docs).
     fn stages_in_memory(&self) -> bool {
         false
+    }
+    /// A tag of the machine's current boot, never 0 (`sys::boot_id`), or `None` where it
+    /// cannot be known. Bytes written to a file on this boot read back exactly as written,
+    /// synced or not; across a restart only synced bytes are sure to (the log trusts
+    /// records after damage as proof of damage only on the boot that wrote them).
+    fn boot(&self) -> Option<u32> {
+        None
     }
 }
 
@@ -148,6 +157,10 @@ impl LogFile for StdFile {
 impl LogFs for StdFs {
     fn stages_in_memory(&self) -> bool {
         true
+    }
+
+    fn boot(&self) -> Option<u32> {
+        crate::sys::boot_id().map(|hash| (hash as u32).max(1))
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {

@@ -5,10 +5,14 @@
 //! 2. With checkpoints held off (so the pages the last one references stay as they are, no
 //!    log segment is removed, and no blob extent is freed), copy the checkpoint file and the
 //!    data file, link (or copy) the log's segments, then copy the blob file. Pages written since the checkpoint are copied too but
-//!    referenced by nothing the copy holds; the active segment is copied, and what it holds
-//!    past the point it was read is cut as a torn tail.
+//!    referenced by nothing the copy holds; the active segment is copied, its boot tag
+//!    cleared (its reads raced the writes), and what it holds past the point it was read is
+//!    cut as a torn tail.
 //! 3. Open the copy as a tree (its recovery replays the copied log over the copied
-//!    checkpoint) and close it, so the backup is checked and needs no replay later.
+//!    checkpoint), read every leaf's page in it and check it as a read does (checksum,
+//!    a well-formed leaf, not one that lost records to damage), and close it: so the
+//!    backup needs no replay later, and a tree with a damaged page is never copied as if
+//!    it were whole (the backup fails, and nothing is left at the target).
 //!
 //! Writers go on throughout; only checkpoints wait for the copy. The target is refused if
 //! it lies inside the tree's directory, and holds a marker until step 2 is done and synced,
@@ -18,7 +22,11 @@ use std::fs;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::node::NodeRef;
+use crate::pool::Location;
+use crate::tree::cache::with_page_buf;
 use crate::tree::shared::Shared;
+use crate::tree::{FLAG_DAMAGED, NO_PAGE};
 
 /// Largest cache the check of a backup (step 3) uses.
 const CHECK_CACHE: usize = 32 << 20;
@@ -46,6 +54,8 @@ impl Shared {
                 let to = wal_dir.join(name);
                 if i + 1 == segments.len() {
                     copy_file(path, &to)?;
+                    // Copied while written: past its mark it reads as after a restart.
+                    crate::wal::clear_boot_tag(&to)?;
                 } else {
                     link_or_copy(path, &to)?;
                 }
@@ -68,12 +78,60 @@ impl Shared {
         result
     }
 
-    /// Opens the copy in `target` as a tree and closes it (recovery, then a checkpoint).
+    /// Opens the copy in `target` (recovery), checks its leaf pages, and closes it (a
+    /// checkpoint). Opened without background threads, so no leaf moves meanwhile.
     fn check_backup(&self, target: &Path) -> Result<()> {
         let mut config = self.config().clone();
         config.dir = Some(target.to_path_buf());
         config.cache_size = config.cache_size.min(CHECK_CACHE);
-        crate::Tree::open(config)?.close()
+        let copy = super::open(config)?;
+        // The data file was copied as it is: a damaged page of the copy is the source's.
+        let checked = copy
+            .check_leaf_pages()
+            .map_err(|e| match (e, &self.config().dir) {
+                (
+                    Error::Corruption {
+                        file,
+                        page,
+                        offset,
+                        reason,
+                    },
+                    Some(dir),
+                ) if file == target.join("data") => Error::Corruption {
+                    file: dir.join("data"),
+                    page,
+                    offset,
+                    reason,
+                },
+                (e, _) => e,
+            });
+        let closed = copy.close();
+        checked.and(closed)
+    }
+
+    /// Reads the disk page of every leaf and checks it as a read of it would.
+    fn check_leaf_pages(&self) -> Result<()> {
+        with_page_buf(self.page_size(), |buf| {
+            for (_, pid) in self.index().leaves() {
+                let leaf = self.pool().read(pid);
+                let page = match (leaf.location(), leaf.mini()) {
+                    (Location::Disk(page), _) => Some(page),
+                    (Location::Mini(_), Some(node)) => NodeRef::from_bytes(node).disk_page(),
+                    (Location::Mini(_), None) => None,
+                };
+                let Some(page) = page.filter(|&p| p != NO_PAGE) else {
+                    continue;
+                };
+                self.storage().read_page(page, buf)?;
+                let leaf = self.storage().check_leaf(page, buf)?;
+                if leaf.flags() & FLAG_DAMAGED != 0 {
+                    return Err(self
+                        .storage()
+                        .corruption(Some(page), "leaf lost records to a damaged page"));
+                }
+            }
+            Ok(())
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use super::super::ring::{self, StagingRing};
 use super::super::segment;
 use super::super::writer::Writer;
 use super::super::LogOp;
-use super::{Lsn, Shared, GATHER_YIELDS, MARK_EVERY, PUBLISH_SPINS};
+use super::{Lsn, Shared, GATHER_YIELDS, PUBLISH_SPINS};
 use crate::error::{Error, Result};
 use crate::sync::{thread, Ordering};
 use crate::Durability;
@@ -154,24 +154,30 @@ impl Shared {
             return Err(self.fail(&mut w, Error::io(&path, e)));
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        {
-            // A failure recorded meanwhile cut the log at the old synced end: these
-            // records are gone, so they must not be acknowledged.
-            let failed = self.failed.lock();
-            if failed.is_some() {
-                drop(failed);
-                return self.check_failed();
-            }
-            self.synced.fetch_max(end, Ordering::AcqRel);
+        // A failure recorded meanwhile cut the log at the old synced end: these records
+        // are gone, so they must not be acknowledged, nor marked.
+        let failed = self.failed.lock();
+        if failed.is_some() {
+            drop(failed);
+            return self.check_failed();
         }
-        if end >= self.marked.load(Ordering::Relaxed) + MARK_EVERY {
-            // The next sync makes the mark durable. A mark that fails to be written only
-            // narrows what recovery can tell apart from a torn tail: nothing to report.
+        // Every sync records its end in the side file before its records count as synced,
+        // so when a commit returns its record is below the mark: after a crash of the
+        // process, damage to any acknowledged record is reported at open, never cut as a
+        // torn tail (`segment::SIDE_FILE`). Under the failure lock: a cut recorded later
+        // starts at or past `end`, never below a mark. A mark that fails to be written
+        // only narrows what recovery can tell apart from a torn tail: nothing to report.
+        let slot = self.side_marks.fetch_add(1, Ordering::Relaxed);
+        let _ = segment::write_side_mark(&*self.side, slot, first, end);
+        if end >= self.marked.load(Ordering::Relaxed) + segment::MARK_EVERY {
+            // The next sync makes this one durable with the segment.
             let slot = self.marks.fetch_add(1, Ordering::Relaxed);
             if segment::write_mark(&*file, slot, first, end).is_ok() {
                 self.marked.fetch_max(end, Ordering::Relaxed);
             }
         }
+        self.synced.fetch_max(end, Ordering::AcqRel);
+        drop(failed);
         Ok(())
     }
 
